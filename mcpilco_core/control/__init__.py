@@ -1,0 +1,55 @@
+"""Controllers: LQR, its region of attraction, damping and the supervisor that composes them.
+
+``load_controller`` is the one public entry point used by the evaluator, the ROS nodes and the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..config import RobotConfig, load_robot_config
+from ..plant import DoublePendulum
+from ..policy import SumOfGaussiansPolicy, load_policy
+from .lqr import LqrDesign, design_lqr
+from .roa import RoaEstimate, region_of_attraction
+from .supervisor import MODES, Supervisor
+
+__all__ = ["Controller", "LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "design_lqr",
+           "load_controller", "region_of_attraction"]
+
+
+class Controller(Protocol):
+    """What every controller offers: torques (N m, passive joint exactly 0) for a state at a time (s)."""
+
+    mode: str
+
+    def reset(self) -> None: ...
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray: ...
+
+
+def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None,
+                     use_roa_cache: bool = True) -> Supervisor:
+    """The supervisor for ``config``: LQR + ROA + damping, and the swing-up ``policy`` when given."""
+    plant = DoublePendulum(config.plant)
+    design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+    roa = region_of_attraction(config, plant, design, use_cache=use_roa_cache)
+    if policy is not None and policy.robot != config.robot:
+        raise ValueError(f"policy is for the {policy.robot}, the configuration for the {config.robot}")
+    return Supervisor(config, design, roa.rho, policy)
+
+
+def load_controller(config_path: str | Path, policy_path: str | Path | None = None) -> Supervisor:
+    """Load a robot configuration and (optionally) a policy file into a ready-to-step controller.
+
+    Without a policy the controller is LQR + damping (zero torque outside the LQR's region of attraction).
+    Raises ConfigError / PolicyError with the file and the reason on bad input.
+    """
+    config = load_robot_config(config_path)
+    policy = None
+    if policy_path is not None:
+        policy = load_policy(policy_path, robot=config.robot, torque_limit=config.torque_limit)
+    return build_controller(config, policy)

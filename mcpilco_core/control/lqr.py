@@ -1,0 +1,42 @@
+"""LQR at the upright goal for the actuated joint only (continuous-time Riccati equation via scipy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import solve_continuous_are
+
+from ..plant import GOAL, DoublePendulum
+
+
+@dataclass(frozen=True)
+class LqrDesign:
+    """Gains of ``u = -K (x - goal)`` (K is 2x4 with a zero row for the passive joint) and the
+    Riccati solution S, whose quadratic form V(x) = (x - goal)^T S (x - goal) is the cost-to-go."""
+
+    K: np.ndarray
+    S: np.ndarray
+    actuated_joint: int
+    goal: np.ndarray
+
+    def cost_to_go(self, x_wrapped: np.ndarray) -> np.ndarray:
+        """V for (already wrapped) states (..., 4)."""
+        e = np.asarray(x_wrapped, dtype=np.float64) - self.goal
+        return np.einsum("...i,ij,...j->...", e, self.S, e)
+
+
+def design_lqr(plant: DoublePendulum, actuated_joint: int, q_diag: tuple[float, ...], r: float) -> LqrDesign:
+    """Solve the continuous-time algebraic Riccati equation for the plant linearised at the goal.
+
+    Only the actuated joint's column of B is used, so the passive joint receives no torque.
+    """
+    a, b_full = plant.linearize(GOAL, (0.0, 0.0))
+    b = b_full[:, [actuated_joint]]
+    q = np.diag(np.asarray(q_diag, dtype=np.float64))
+    r_mat = np.array([[float(r)]])
+    s = solve_continuous_are(a, b, q, r_mat)
+    k_act = np.linalg.solve(r_mat, b.T @ s)
+    k = np.zeros((2, 4))
+    k[actuated_joint] = k_act[0]
+    return LqrDesign(K=k, S=s, actuated_joint=actuated_joint, goal=GOAL.copy())

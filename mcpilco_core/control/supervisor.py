@@ -1,0 +1,135 @@
+"""The supervisor: one controller composed of swing-up policy, LQR, damping and a safe stop.
+
+Priority, evaluated at every state (500 Hz):
+
+1. ``safe``    - the state (or time) is not finite, or has the wrong shape: zero torque.
+2. ``damping`` - max |dq| rose above ``damping.enter_speed`` and has not yet fallen below ``exit_speed``:
+                 u = -gain * dq on the actuated joint (removes energy the PID or a bad swing put in).
+3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho.
+4. ``policy``  - the swing-up policy, evaluated at its own period and held in between (zero-order hold).
+5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
+
+x~ is the state with multi-turn angles wrapped (q1 around pi, q2 around 0); the policy sees sin/cos only.
+The passive joint's torque is exactly 0.0 in every mode, and the actuated one is clipped to its limit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..config import RobotConfig
+from ..plant import wrap_state
+from .lqr import LqrDesign
+
+MODES = ("policy", "lqr", "damping", "safe", "idle")
+POLICY_TICK_TOLERANCE = 1e-9  # s: float slack when comparing times on the policy's grid
+
+Policy = Callable[[np.ndarray], float]
+
+
+class Supervisor:
+    """Controller API used by the evaluator, the ROS nodes and the CLI (see module docstring).
+
+    ``step(x, t)`` takes the measured state (rad, rad/s; angles may be multi-turn) and the time in seconds,
+    and returns the torques (N m) for (shoulder, elbow).
+    """
+
+    def __init__(self, config: RobotConfig, design: LqrDesign, rho: float, policy: Policy | None = None) -> None:
+        self.config = config
+        self.design = design
+        self.rho = float(rho)
+        self._policy = policy
+        self._act = config.actuated_joint
+        self._limit = config.torque_limit
+        self._k_row = design.K[self._act].copy()
+        self.reset()
+
+    # ---------------------------------------------------------------- public API
+    @property
+    def mode(self) -> str:
+        """The mode of the last step: policy / lqr / damping / safe / idle."""
+        return self._mode
+
+    @property
+    def policy(self) -> Policy | None:
+        return self._policy
+
+    def set_policy(self, policy: Policy | None) -> None:
+        """Swap the swing-up policy (takes effect at the next step; the held output is dropped)."""
+        self._policy = policy
+        self._next_policy_time = -math.inf
+
+    def reset(self) -> None:
+        """Forget all internal state (hysteresis flags, the held policy output)."""
+        self._mode = "idle"
+        self._damping = False
+        self._in_lqr = False
+        self._held_u = 0.0
+        self._next_policy_time = -math.inf
+        self.last_cost_to_go = math.nan
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
+        u = np.zeros(2)
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (4,) or not np.isfinite(x).all() or not math.isfinite(t):
+            self._enter_safe()
+            return u
+        u_act = self._actuated_torque(x, float(t))
+        u[self._act] = min(max(u_act, -self._limit), self._limit) if math.isfinite(u_act) else 0.0
+        if not math.isfinite(u_act):
+            self._enter_safe()
+        return u
+
+    # ---------------------------------------------------------------- modes
+    def _enter_safe(self) -> None:
+        self._mode = "safe"
+        self._damping = False
+        self._in_lqr = False
+        self._next_policy_time = -math.inf
+
+    def _actuated_torque(self, x: np.ndarray, t: float) -> float:
+        if self._update_damping(x):
+            self._mode = "damping"
+            self._next_policy_time = -math.inf
+            return -self.config.damping.gain * x[2 + self._act]
+        err = wrap_state(x) - self.design.goal
+        cost = float(err @ self.design.S @ err)
+        self.last_cost_to_go = cost
+        if self._update_lqr(cost):
+            self._mode = "lqr"
+            self._next_policy_time = -math.inf
+            return -float(self._k_row @ err)
+        if self._policy is None:
+            self._mode = "idle"
+            return 0.0
+        if self._mode != "policy" or t >= self._next_policy_time - POLICY_TICK_TOLERANCE:
+            self._held_u = float(self._policy(x))
+            period = self.config.policy_period
+            # stay on the policy's time grid, but never schedule the next tick in the past
+            grid_next = self._next_policy_time + period
+            self._next_policy_time = grid_next if grid_next > t else t + period
+        self._mode = "policy"
+        return self._held_u
+
+    def _update_damping(self, x: np.ndarray) -> bool:
+        settings = self.config.damping
+        if not settings.enabled:
+            return False
+        speed = max(abs(x[2]), abs(x[3]))
+        if self._damping:
+            self._damping = speed > settings.exit_speed
+        else:
+            self._damping = speed > settings.enter_speed
+        return self._damping
+
+    def _update_lqr(self, cost: float) -> bool:
+        roa = self.config.roa
+        if self._in_lqr:
+            self._in_lqr = cost <= roa.exit_fraction * self.rho
+        else:
+            self._in_lqr = cost < roa.enter_fraction * self.rho
+        return self._in_lqr

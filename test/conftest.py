@@ -1,0 +1,18 @@
+"""Test-session isolation: ROS discovery stays on this machine, every test process gets its own domain.
+
+Set before anything imports rclpy (DESIGN.md section 7). The README's test command additionally runs the
+whole suite inside a private network namespace where ``unshare -n`` works.
+"""
+
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 200))
+os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_ros_log_"))
+os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
+os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+os.environ.setdefault("MPLBACKEND", "Agg")
+# Keep tests single-threaded in BLAS/torch: the CI machine has 2 cores shared with ROS executors.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
