@@ -96,9 +96,9 @@ class ResetPerturbation:
         if i >= len(self.schedule.times) or t < self.schedule.times[i]:
             return None
         if self._timers[i] == 0.0:
-            self.windows.append([t, t])
+            self.windows.append([float(t), float(t)])
         self._timers[i] += self.dt
-        self.windows[-1][1] = t + self.dt
+        self.windows[-1][1] = float(t) + self.dt
         if self._timers[i] > WINDOW:
             self._next += 1
         return i

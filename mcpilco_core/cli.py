@@ -1,0 +1,139 @@
+"""The ``mcpilco`` command line (no ROS needed): evaluate, roa, and the subcommands other modules add.
+
+Each feature module exposes ``register(subparsers)`` that adds its subcommand and sets ``func``;
+modules listed in COMMAND_MODULES are registered when they can be imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .config import ROBOTS, ConfigError
+from .policy import PolicyError
+
+COMMAND_MODULES: list[str] = [
+    "mcpilco_core.cli",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# evaluate
+
+
+def _add_evaluate(subparsers) -> None:
+    p = subparsers.add_parser("evaluate", help="run the 60 s global-policy protocol (RealAIGym simulation_v3)",
+                              description="Evaluate a controller with the ICRA 2025 AI Olympics protocol: 60 s, "
+                                          "15 random PID disturbances, score = time above 0.45 m / 60 s.")
+    p.add_argument("--robot", choices=ROBOTS, required=True)
+    p.add_argument("--config", type=Path, help="robot config (default: the bundled config/<robot>.yaml)")
+    p.add_argument("--controller", default="lqr",
+                   help="'lqr' (LQR + damping), 'zero' (no torque), or a policy file (.npz or RealAIGym .np)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--json", type=Path, help="write per-seed results and the summary here")
+    p.add_argument("--plot", type=Path, help="write the first seed's time-series plot here (png/pdf/svg)")
+    p.set_defaults(func=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from .evaluation import ControllerSpec, config_path_for, evaluate_seeds, summarize
+
+    spec = ControllerSpec(config_path_for(args.robot, args.config), args.controller)
+    config, _ = spec.build()
+    if config.robot != args.robot:
+        raise ConfigError(spec.config_path, "robot", f"is {config.robot!r} but --robot {args.robot} was given")
+    start = time.perf_counter()
+    results = evaluate_seeds(spec, args.seeds, jobs=args.jobs, keep_trajectory=args.plot is not None)
+    elapsed = time.perf_counter() - start
+    for r in results:
+        print(f"seed {r.seed:>4d}  score {r.score:.4f}  uptime {r.uptime:6.2f} s  "
+              f"passive max |tau| {r.passive_max_torque:.1f} N m")
+    summary = summarize(results)
+    print(f"{args.robot} / {args.controller}: score {summary['mean']:.4f} +- {summary['std']:.4f} "
+          f"over {summary['n']} seed(s) ({elapsed:.1f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"robot": args.robot, "controller": args.controller, "config": spec.config_path,
+                   "summary": summary, "seeds": [r.to_dict() for r in results], "wall_time_s": elapsed}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .plant import DoublePendulum
+        from .plotting import plot_evaluation
+
+        first = results[0]
+        plot_evaluation(first.trajectory, DoublePendulum(config.plant), args.plot, windows=first.windows,
+                        title=f"{args.robot} / {args.controller} / seed {first.seed}: score {first.score:.3f}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# roa
+
+
+def _add_roa(subparsers) -> None:
+    p = subparsers.add_parser("roa", help="estimate (and cache) the LQR's region of attraction")
+    p.add_argument("--robot", choices=ROBOTS, required=True)
+    p.add_argument("--config", type=Path)
+    p.add_argument("--recompute", action="store_true", help="ignore the cache")
+    p.set_defaults(func=_run_roa)
+
+
+def _run_roa(args: argparse.Namespace) -> int:
+    from .config import load_robot_config
+    from .control import design_lqr, region_of_attraction
+    from .control.roa import cache_paths
+    from .evaluation import config_path_for
+    from .plant import DoublePendulum
+
+    config = load_robot_config(config_path_for(args.robot, args.config))
+    plant = DoublePendulum(config.plant)
+    design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+    if args.recompute:
+        for path in cache_paths(config):
+            path.unlink(missing_ok=True)
+    estimate = region_of_attraction(config, plant, design)
+    print(f"{config.robot}: rho = {estimate.rho:.4f} ({estimate.failures} of {estimate.samples} sampled "
+          f"states not stabilised{'; lower bound, raise roa.rho_max' if estimate.saturated else ''})")
+    return 0
+
+
+def register(subparsers) -> None:
+    _add_evaluate(subparsers)
+    _add_roa(subparsers)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcpilco", description="MC-PILCO global control of the RealAIGym "
+                                                                 "double pendulum (pendubot / acrobot).")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        module = sys.modules[__name__] if name == __name__ else importlib.import_module(name)
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, PolicyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
