@@ -1,0 +1,103 @@
+"""GP model: posterior against a closed-form exact GP, likelihood fit, Subset of Data behaviour."""
+
+import numpy as np
+import torch
+
+from mcpilco_core.gp import (GPHyperparameters, build_posterior, fit_hyperparameters,
+                             negative_log_marginal_likelihood, select_subset)
+
+
+def _hyper(ls, sf2, s2):
+    raw_sf = np.log(np.expm1(np.asarray(sf2, dtype=float)))
+    raw_s2 = np.log(np.expm1(np.asarray(s2, dtype=float) - 1e-8))
+    return GPHyperparameters(torch.tensor(np.log(ls), dtype=torch.float64), torch.tensor(raw_sf),
+                             torch.tensor(raw_s2), noise_floor=1e-8)
+
+
+def _exact(x, y, xt, ls, sf2, s2):
+    def k(a, b):
+        d = (a[:, None, :] - b[None, :, :]) / ls
+        return sf2 * np.exp(-0.5 * (d ** 2).sum(-1))
+    kxx = k(x, x) + s2 * np.eye(len(x))
+    ks = k(xt, x)
+    mean = ks @ np.linalg.solve(kxx, y)
+    var = sf2 - np.einsum("ij,ji->i", ks, np.linalg.solve(kxx, ks.T))
+    return mean, var
+
+
+def test_posterior_matches_closed_form_exact_gp():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 3))
+    y = np.stack([np.sin(x[:, 0]) + 0.1 * x[:, 1], np.cos(x[:, 2])], -1)
+    xt = rng.normal(size=(11, 3))
+    ls = np.array([[0.7, 1.3, 2.0], [1.1, 0.5, 0.9]])
+    sf2, s2 = np.array([0.8, 1.7]), np.array([0.01, 0.03])
+    post = build_posterior(_hyper(ls, sf2, s2), x, y, [np.arange(30), np.arange(30)], dtype=torch.float64)
+    mean, var = post.predict(torch.tensor(xt), include_noise=False)
+    for j in range(2):
+        m_ref, v_ref = _exact(x, y[:, j], xt, ls[j], sf2[j], s2[j])
+        np.testing.assert_allclose(mean[:, j].numpy(), m_ref, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(var[:, j].numpy(), v_ref, rtol=1e-7, atol=1e-10)
+    _, var_y = post.predict(torch.tensor(xt), include_noise=True)
+    np.testing.assert_allclose((var_y - var).numpy(), np.tile(s2, (11, 1)), rtol=1e-9)
+
+
+def test_padded_subsets_of_different_sizes_match_separate_gps():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(20, 2))
+    y = rng.normal(size=(20, 2))
+    ls, sf2, s2 = np.array([[1.0, 0.8], [0.6, 1.2]]), np.array([1.0, 0.5]), np.array([0.05, 0.02])
+    subsets = [np.arange(0, 20, 2), np.arange(15)]
+    post = build_posterior(_hyper(ls, sf2, s2), x, y, subsets, dtype=torch.float64)
+    xt = rng.normal(size=(5, 2))
+    mean, var = post.predict(torch.tensor(xt), include_noise=False)
+    for j, idx in enumerate(subsets):
+        m_ref, v_ref = _exact(x[idx], y[idx, j], xt, ls[j], sf2[j], s2[j])
+        np.testing.assert_allclose(mean[:, j].numpy(), m_ref, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(var[:, j].numpy(), v_ref, rtol=1e-7, atol=1e-10)
+
+
+def test_float32_posterior_close_to_float64():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(80, 3))
+    y = np.stack([np.sin(2 * x[:, 0]), x[:, 1] * x[:, 2]], -1)
+    hyper = _hyper(np.ones((2, 3)), np.array([1.0, 1.0]), np.array([1e-4, 1e-4]))
+    subsets = select_subset(x, hyper, 60, 0.5)
+    p64 = build_posterior(hyper, x, y, subsets, dtype=torch.float64)
+    p32 = build_posterior(hyper, x, y, subsets, dtype=torch.float32)
+    xt = torch.tensor(rng.normal(size=(50, 3)))
+    m64, v64 = p64.predict(xt)
+    m32, v32 = p32.predict(xt.float())
+    np.testing.assert_allclose(m32.double().numpy(), m64.numpy(), atol=2e-3)
+    np.testing.assert_allclose(v32.double().numpy(), v64.numpy(), atol=2e-3)
+
+
+def test_marginal_likelihood_fit_improves_and_recovers_noise_scale():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-3, 3, size=(120, 2))
+    y = np.stack([np.sin(x[:, 0]), np.cos(x[:, 1])], -1) + 0.05 * rng.normal(size=(120, 2))
+    hyper = GPHyperparameters.initial(x, y)
+    before = float(negative_log_marginal_likelihood(hyper, torch.tensor(x), torch.tensor(y)))
+    fitted, history = fit_hyperparameters(hyper, x, y, steps=300, lr=0.05)
+    assert history[-1] < before - 0.5
+    noise_std = np.sqrt(fitted.noise_variance().numpy())
+    assert np.all((noise_std > 0.02) & (noise_std < 0.12))
+
+
+def test_subset_of_data_skips_redundant_samples_and_respects_cap():
+    rng = np.random.default_rng(4)
+    base = rng.uniform(-2, 2, size=(10, 2))
+    x = np.concatenate([base, base + 1e-6, rng.uniform(-2, 2, size=(200, 2))])
+    hyper = _hyper(np.full((1, 2), 0.5), np.array([1.0]), np.array([1e-3]))
+    # threshold 1: a sample is kept only if the subset predicts it with std above the noise std, so one
+    # copy of a point suffices (with threshold 0.5 about four copies would be kept)
+    (chosen,) = select_subset(x, hyper, max_points=1000, threshold=1.0, order=np.arange(len(x)))
+    assert set(range(10)) <= set(chosen.tolist())
+    assert not set(range(10, 20)) & set(chosen.tolist())  # duplicates add no information
+    # every sample left out is predicted with std <= threshold * noise std by the chosen subset
+    post = build_posterior(hyper, x, np.zeros((len(x), 1)), [chosen], dtype=torch.float64)
+    _, var = post.predict(torch.tensor(x), include_noise=False)
+    assert float(var.max()) <= 1e-3 + 1e-12
+    (capped,) = select_subset(x, hyper, max_points=25, threshold=0.5)
+    assert len(capped) == 25
+    assert capped.max() == len(x) - 1  # newest first
