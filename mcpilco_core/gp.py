@@ -60,7 +60,7 @@ class GPHyperparameters:
         self.noise_floor = float(noise_floor)
 
     @classmethod
-    def initial(cls, inputs: np.ndarray, residuals: np.ndarray, noise_floor: float = 1e-8) -> "GPHyperparameters":
+    def initial(cls, inputs: np.ndarray, residuals: np.ndarray, noise_floor: float = 1e-8) -> GPHyperparameters:
         """Data-driven start: lengthscales = input std, sf2 = residual variance, noise = 1% of it."""
         std_in = np.maximum(inputs.std(axis=0), 1e-2)
         var_out = np.maximum(residuals.var(axis=0), 1e-6)
@@ -82,7 +82,7 @@ class GPHyperparameters:
     def parameters(self) -> list[torch.Tensor]:
         return [self.raw_lengthscales, self.raw_signal, self.raw_noise]
 
-    def detached(self) -> "GPHyperparameters":
+    def detached(self) -> GPHyperparameters:
         return GPHyperparameters(*(p.detach().clone() for p in self.parameters()), noise_floor=self.noise_floor)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -92,7 +92,7 @@ class GPHyperparameters:
                 "noise_floor": np.array(self.noise_floor)}
 
     @classmethod
-    def from_arrays(cls, arrays: dict) -> "GPHyperparameters":
+    def from_arrays(cls, arrays: dict) -> GPHyperparameters:
         return cls(torch.tensor(np.asarray(arrays["raw_lengthscales"], dtype=np.float64)),
                    torch.tensor(np.asarray(arrays["raw_signal"], dtype=np.float64)),
                    torch.tensor(np.asarray(arrays["raw_noise"], dtype=np.float64)),

@@ -3,8 +3,13 @@
 import numpy as np
 import torch
 
-from mcpilco_core.gp import (GPHyperparameters, build_posterior, fit_hyperparameters,
-                             negative_log_marginal_likelihood, select_subset)
+from mcpilco_core.gp import (
+    GPHyperparameters,
+    build_posterior,
+    fit_hyperparameters,
+    negative_log_marginal_likelihood,
+    select_subset,
+)
 
 
 def _hyper(ls, sf2, s2):
