@@ -20,7 +20,7 @@ TEST = [r for r in requirements("requirements.txt") if r.startswith(("pytest", "
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=["mcpilco_core", "mcpilco_core.control", "mcpilco_ros"],
+    packages=["mcpilco_core", "mcpilco_core.control", "mcpilco_core.hardware", "mcpilco_ros"],
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
