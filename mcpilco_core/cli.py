@@ -11,8 +11,8 @@ import importlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .config import ROBOTS, ConfigError
 from .policy import PolicyError

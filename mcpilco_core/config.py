@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -52,7 +53,7 @@ class _Reader:
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def sub(self, key: str, required: bool = False) -> "_Reader":
+    def sub(self, key: str, required: bool = False) -> _Reader:
         if key not in self.data:
             if required:
                 raise ConfigError(self.source, self.name(key), "missing")
@@ -196,7 +197,7 @@ class PlantParameters:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], name: str, source: str | Path | None = None,
-                     prefix: str = "") -> "PlantParameters":
+                     prefix: str = "") -> PlantParameters:
         reader = _Reader(data, source, prefix)
         reader.reject_unknown([f.name for f in fields(cls) if f.name != "name"])
         return cls(

@@ -20,9 +20,9 @@ Faithful details (DESIGN.md section 5):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class DisturbanceSchedule:
     targets: np.ndarray   # (15, 2)
 
     @classmethod
-    def from_seed(cls, seed: int) -> "DisturbanceSchedule":
+    def from_seed(cls, seed: int) -> DisturbanceSchedule:
         rng = np.random.RandomState(seed)
         table = rng.uniform(0.0, 2.0 * np.pi, size=(N_TARGET_ROWS, 4)) - np.pi
         times = np.linspace(3.75, 56.25, N_DISTURBANCES) + 2.0 * (rng.uniform(0.0, 1.0, N_DISTURBANCES) - 0.5)

@@ -70,12 +70,12 @@ class DoublePendulum:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "DoublePendulum":
+    def from_yaml(cls, path: str | Path) -> DoublePendulum:
         """Build the plant of a robot configuration file (``config/pendubot.yaml`` etc.)."""
         return cls(load_robot_config(path).plant)
 
     @classmethod
-    def from_config(cls, config: RobotConfig) -> "DoublePendulum":
+    def from_config(cls, config: RobotConfig) -> DoublePendulum:
         return cls(config.plant)
 
     # ---------------------------------------------------------------- terms of the dynamics

@@ -11,8 +11,9 @@ randomness comes from an explicit ``np.random.Generator``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

@@ -16,3 +16,35 @@ os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Keep tests single-threaded in BLAS/torch: the CI machine has 2 cores shared with ROS executors.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def pendubot_plant():
+    from mcpilco_core.plant import DoublePendulum
+
+    return DoublePendulum.from_yaml(REPO / "config" / "pendubot.yaml")
+
+
+@pytest.fixture
+def pendubot_config():
+    from mcpilco_core.config import load_robot_config
+
+    return load_robot_config(REPO / "config" / "pendubot.yaml")
+
+
+@pytest.fixture
+def acrobot_config():
+    from mcpilco_core.config import load_robot_config
+
+    return load_robot_config(REPO / "config" / "acrobot.yaml")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import RobotConfig, RoaConfig
+from ..config import RoaConfig, RobotConfig
 from ..plant import DoublePendulum, wrap_state
 from .lqr import LqrDesign
 

@@ -16,7 +16,7 @@ The passive joint's torque is exactly 0.0 in every mode, and the actuated one is
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -1,0 +1,89 @@
+"""Bad configuration gives an error that names the file and the field."""
+
+import pytest
+import yaml
+
+from mcpilco_core.config import ConfigError, load_robot_config, unwrap_ros_parameters
+
+
+def write_config(tmp_path, repo, mutate=None, models_mutate=None, text=None):
+    data = yaml.safe_load((repo / "config" / "pendubot.yaml").read_text())
+    params = data["/**"]["ros__parameters"]
+    models = yaml.safe_load((repo / "config" / "plant_models.yaml").read_text())
+    if mutate:
+        mutate(params)
+    if models_mutate:
+        models_mutate(models)
+    (tmp_path / "plant_models.yaml").write_text(yaml.safe_dump(models))
+    path = tmp_path / "robot.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_configs_load(repo):
+    for robot, joint in (("pendubot", 0), ("acrobot", 1)):
+        config = load_robot_config(repo / "config" / f"{robot}.yaml")
+        assert config.robot == robot and config.actuated_joint == joint
+        assert config.torque_limits[1 - joint] == 0.0 and config.torque_limits[joint] == 6.0
+        assert config.plant.name == "model_1.1"
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda p: p.pop("robot"), "robot"),
+    (lambda p: p.update(robot="triplebot"), "robot"),
+    (lambda p: p.update(torque_limit="six"), "torque_limit"),
+    (lambda p: p.update(torque_limit=-1.0), "torque_limit"),
+    (lambda p: p.update(u_max=9.0), "u_max"),
+    (lambda p: p.update(plant_model="model_9"), "models.model_9"),
+    (lambda p: p["lqr"].update(Q_diag=[1.0, 2.0]), "lqr.Q_diag"),
+    (lambda p: p["damping"].update(exit_speed=30.0), "damping.exit_speed"),
+    (lambda p: p["damping"].update(speed=3.0), "damping.speed"),
+    (lambda p: p["roa"].update(samples=0), "roa.samples"),
+    (lambda p: p.update(policy_period=0.001), "policy_period"),
+])
+def test_bad_values_name_file_and_field(tmp_path, repo, mutate, field):
+    path = write_config(tmp_path, repo, mutate)
+    with pytest.raises(ConfigError) as info:
+        load_robot_config(path)
+    assert info.value.field == field
+    assert str(path.parent) in str(info.value) and field in str(info.value)
+
+
+def test_negative_mass_names_plant_file(tmp_path, repo):
+    def negative(models):
+        models["models"]["model_1.1"]["m"][1] = -0.6
+
+    path = write_config(tmp_path, repo, models_mutate=negative)
+    with pytest.raises(ConfigError, match=r"plant_models.yaml: field 'models.model_1.1.m\[1\]': must be positive"):
+        load_robot_config(path)
+
+
+def test_inline_plant_parameters(tmp_path, repo):
+    def inline(params):
+        params["plant"] = {"m": [1.0, 1.0], "l": [0.5, 0.5], "r": [0.5, 0.5], "I": [0.25, 0.25]}
+
+    config = load_robot_config(write_config(tmp_path, repo, inline))
+    assert config.plant.m == (1.0, 1.0) and config.plant.g == 9.81
+
+
+def test_malformed_and_missing_files(tmp_path, repo):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_robot_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_robot_config(write_config(tmp_path, repo, text="robot: [unclosed\n"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_robot_config(write_config(tmp_path, repo, text="- just\n- a list\n"))
+
+
+def test_node_sections_merge_over_wildcard(tmp_path):
+    data = {"/**": {"ros__parameters": {"robot": "pendubot", "damping": {"gain": 1.0, "enabled": True}}},
+            "controller_node": {"ros__parameters": {"damping": {"gain": 2.0}}}}
+    merged = unwrap_ros_parameters(data, "x.yaml", "controller_node")
+    assert merged["damping"] == {"gain": 2.0, "enabled": True}
+    assert unwrap_ros_parameters(data, "x.yaml")["damping"]["gain"] == 1.0
+
+
+def test_fingerprint_changes_with_behaviour(repo, tmp_path):
+    base = load_robot_config(repo / "config" / "pendubot.yaml")
+    changed = load_robot_config(write_config(tmp_path, repo, lambda p: p.update(torque_limit=5.0)))
+    assert base.fingerprint() != changed.fingerprint()

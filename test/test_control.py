@@ -1,0 +1,181 @@
+"""LQR, region of attraction, damping and the supervisor."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mcpilco_core.control import build_controller, design_lqr, load_controller
+from mcpilco_core.control.roa import estimate_roa, region_of_attraction, sample_sublevel_states, simulate_lqr
+from mcpilco_core.plant import GOAL, DoublePendulum, wrap_state
+from mcpilco_core.simulation import Simulator
+
+
+def reference_lqr(repo):
+    return json.loads((repo / "test" / "data" / "realaigym_dynamics.json").read_text())["lqr"]
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_lqr_matches_reference(repo, robot):
+    ref = reference_lqr(repo)[robot]
+    config = load_controller(repo / "config" / f"{robot}.yaml").config
+    plant = DoublePendulum(config.plant)
+    design = design_lqr(plant, config.actuated_joint, ref["Q_diag"], ref["R_diag"][config.actuated_joint])
+    np.testing.assert_allclose(design.K, ref["K"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(design.S, ref["S"], rtol=1e-9)
+    assert np.all(design.K[config.passive_joint] == 0.0)
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_lqr_converges_from_small_perturbations(repo, robot):
+    controller = load_controller(repo / "config" / f"{robot}.yaml")
+    config = controller.config
+    sim = Simulator(DoublePendulum(config.plant), config.torque_limits)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        x0 = GOAL + rng.normal(0.0, [0.01, 0.01, 0.03, 0.03])
+        traj = sim.run(controller, x0, 5.0)
+        assert controller.mode == "lqr"
+        cost = controller.design.cost_to_go(traj.x)
+        assert cost[-1] < 1e-3 * cost[0], (cost[0], cost[-1])
+        assert np.allclose(traj.x[-1], GOAL, atol=1e-2)
+        assert np.all(traj.u[:, config.passive_joint] == 0.0)
+        assert np.all(traj.u_cmd[:, config.passive_joint] == 0.0)
+
+
+def test_lqr_converges_from_wound_up_angles(repo):
+    controller = load_controller(repo / "config" / "pendubot.yaml")
+    x0 = GOAL + np.array([4 * math.pi + 0.02, -2 * math.pi - 0.02, 0.0, 0.0])
+    traj = Simulator(DoublePendulum(controller.config.plant), controller.config.torque_limits).run(controller, x0, 3.0)
+    assert controller.mode == "lqr"
+    assert np.allclose(traj.x[-1, 2:], 0.0, atol=1e-3)
+    assert np.allclose(traj.x[-1, :2], x0[:2] - [0.02, -0.02], atol=1e-3)
+
+
+def test_passive_joint_is_exactly_zero_everywhere(repo):
+    rng = np.random.default_rng(0)
+    for robot in ("pendubot", "acrobot"):
+        controller = load_controller(repo / "config" / f"{robot}.yaml")
+        passive = controller.config.passive_joint
+        states = np.concatenate([rng.uniform(-20, 20, (300, 4)), GOAL + rng.normal(0, 0.05, (100, 4))])
+        for k, x in enumerate(states):
+            u = controller.step(x, 0.002 * k)
+            assert u.shape == (2,) and u[passive] == 0.0
+            assert abs(u[controller.config.actuated_joint]) <= controller.config.torque_limit
+
+
+@pytest.mark.parametrize("bad", [[np.nan, 0, 0, 0], [0, np.inf, 0, 0], [0, 0, -np.inf, 0], [1.0, 2.0, 3.0]])
+def test_non_finite_or_malformed_state_gives_zero_torque(repo, bad):
+    controller = load_controller(repo / "config" / "pendubot.yaml")
+    controller.step(GOAL + 0.01, 0.0)
+    u = controller.step(np.array(bad, dtype=float), 0.002)
+    assert np.all(u == 0.0) and controller.mode == "safe"
+    u = controller.step(GOAL + 0.01, float("nan"))
+    assert np.all(u == 0.0) and controller.mode == "safe"
+    controller.step(GOAL + 0.01, 0.004)
+    assert controller.mode == "lqr"  # recovers on the next good state
+
+
+def test_damping_engages_with_hysteresis(repo):
+    controller = load_controller(repo / "config" / "pendubot.yaml")
+    settings = controller.config.damping
+    fast = np.array([0.0, 0.0, settings.enter_speed + 1.0, 0.0])
+    u = controller.step(fast, 0.0)
+    expected = max(-settings.gain * fast[2], -controller.config.torque_limit)
+    assert controller.mode == "damping" and u[0] == pytest.approx(expected) and u[1] == 0.0
+    between = np.array([0.0, 0.0, 0.5 * (settings.enter_speed + settings.exit_speed), 0.0])
+    controller.step(between, 0.002)
+    assert controller.mode == "damping"  # still above the exit speed
+    controller.step(np.array([0.0, 0.0, settings.exit_speed - 1.0, 0.0]), 0.004)
+    assert controller.mode == "idle"
+    controller.step(between, 0.006)
+    assert controller.mode == "idle"  # below the enter speed: no re-engagement
+
+
+def test_acrobot_damping_acts_on_the_elbow_only(repo):
+    controller = load_controller(repo / "config" / "acrobot.yaml")
+    u = controller.step(np.array([0.0, 0.0, 25.0, -30.0]), 0.0)
+    assert controller.mode == "damping" and u[0] == 0.0 and u[1] > 0.0
+
+
+class CountingPolicy:
+    robot = "pendubot"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return 0.01 * self.calls
+
+
+def test_policy_runs_at_its_own_rate_with_zero_order_hold(pendubot_config):
+    controller = build_controller(pendubot_config)
+    policy = CountingPolicy()
+    controller.set_policy(policy)
+    x = np.zeros(4)  # hanging down at rest: outside the ROA, slow
+    outputs = [controller.step(x, 0.002 * k)[0] for k in range(100)]  # 0.2 s at 500 Hz
+    assert controller.mode == "policy"
+    assert policy.calls == 10  # 50 Hz
+    assert outputs[0] == outputs[9] != outputs[10]
+    controller.set_policy(None)
+    controller.step(x, 0.2)
+    assert controller.mode == "idle"
+
+
+def test_lqr_hysteresis(pendubot_config):
+    controller = build_controller(pendubot_config)
+    design, rho = controller.design, controller.rho
+    rng = np.random.default_rng(0)
+    inside = sample_sublevel_states(design, np.array([0.5 * rho]), rng)[0]
+    between = sample_sublevel_states(design, np.array([1.2 * rho]), rng)[0]
+    outside = sample_sublevel_states(design, np.array([2.0 * rho]), rng)[0]
+    controller.step(between, 0.0)
+    assert controller.mode == "idle"
+    controller.step(inside, 0.002)
+    assert controller.mode == "lqr"
+    controller.step(between, 0.004)
+    assert controller.mode == "lqr"
+    controller.step(outside, 0.006)
+    assert controller.mode == "idle"
+
+
+def test_roa_estimate_is_simulated(pendubot_config):
+    plant = DoublePendulum(pendubot_config.plant)
+    design = design_lqr(plant, 0, pendubot_config.lqr.Q_diag, pendubot_config.lqr.R)
+    settings = dataclasses.replace(pendubot_config.roa, samples=300, seed=3)
+    estimate = estimate_roa(plant, design, pendubot_config.torque_limit, settings, 0.002)
+    assert 0.0 < estimate.rho < settings.rho_max and estimate.failures > 0
+    # a much weaker actuator shrinks the region
+    weak = estimate_roa(plant, design, 0.5, settings, 0.002)
+    assert weak.rho < estimate.rho
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_states_well_inside_the_shipped_roa_are_stabilised(repo, robot):
+    controller = load_controller(repo / "config" / f"{robot}.yaml")
+    config, design = controller.config, controller.design
+    inside = sample_sublevel_states(design, np.full(200, 0.8 * controller.rho), np.random.default_rng(7))
+    final = simulate_lqr(DoublePendulum(config.plant), design, inside, config.torque_limit, 0.002, 3.0)
+    assert np.all(design.cost_to_go(wrap_state(final)) < config.roa.converged_cost)
+
+
+def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = dataclasses.replace(pendubot_config, source=str(tmp_path / "robot.yaml"),
+                                 roa=dataclasses.replace(pendubot_config.roa, samples=60))
+    plant = DoublePendulum(config.plant)
+    design = design_lqr(plant, 0, config.lqr.Q_diag, config.lqr.R)
+    first = region_of_attraction(config, plant, design)
+    cache = tmp_path / "robot.roa.json"
+    assert json.loads(cache.read_text())["estimate"]["rho"] == first.rho
+    data = json.loads(cache.read_text())
+    data["estimate"]["rho"] = 0.123
+    cache.write_text(json.dumps(data))
+    assert region_of_attraction(config, plant, design).rho == 0.123  # served from the cache
+    changed = dataclasses.replace(config, torque_limit=5.0)
+    assert region_of_attraction(changed, plant, design).rho != 0.123  # different fingerprint: recomputed
+    fixed = dataclasses.replace(config, roa=dataclasses.replace(config.roa, rho=0.7))
+    assert region_of_attraction(fixed, plant, design).rho == 0.7
