@@ -225,6 +225,7 @@ class EmulatedMotor:
             return None
         self.frames.append(frame)
         self._apply_writes(frame.writes, now)
+        self.output_torque()
         if not reply_required or self.silent:
             return None
         return encode_reply([(start, res, self._read_block(start, count)) for start, count, res in frame.reads])
