@@ -1,0 +1,268 @@
+"""controller_node: joint_states in, joint_commands out, through mcpilco_core's supervisor.
+
+The node only translates: every valid state (rad, rad/s) goes to ``Supervisor.step(x, t)`` (the supervisor
+holds the 50 Hz policy output itself; LQR and damping run on every state) and the torques (N m) go out on
+``joint_commands`` stamped with the state they answer. Around that sit the safety rules a robot needs:
+
+- disarmed (publishes nothing) until ``~/enable`` (std_srvs/SetBool) arms it; ``arm_on_start`` arms at start
+  (simulation); disarming publishes one zero command so the driver stops at once;
+- watchdog: no valid state for ``watchdog_timeout`` s -> one zero command, diagnostics ERROR, supervisor reset;
+  it recovers (fresh time base, LQR/policy state forgotten) on the next valid state;
+- bad states (names other than exactly shoulder/elbow, wrong lengths, NaN/inf, stamp going backwards) are
+  counted, warned about (throttled) and never stepped, so they never reach the motors;
+- ``~/reload_policy`` (std_srvs/Trigger) loads and validates the file the ``policy`` parameter names (or the
+  newest ``*.npz`` in that directory) and swaps it in between two steps; a bad file keeps the old policy
+  and the answer says why;
+- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute), refused counts, policy.
+
+The commanded JointState's ``header.frame_id`` carries the supervisor mode that produced it, so recordings
+(bags, the simulated robot's trajectory) show which controller acted.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from std_srvs.srv import SetBool, Trigger
+
+from mcpilco_core.control import Supervisor, build_controller
+from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
+
+from ._ros_utils import (
+    CONTROL_QOS,
+    ERROR,
+    OK,
+    ROBOT_PARAMETERS,
+    WARN,
+    ParameterError,
+    ParamSpec,
+    RingStats,
+    command_message,
+    declare,
+    resolve_policy_path,
+    robot_config_from_parameters,
+    run_node,
+    stamp_ns,
+    state_from_message,
+    status,
+    warn_unknown_overrides,
+)
+
+NODE_NAME = "controller_node"
+REFUSAL_REASONS = ("names", "lengths", "nonfinite", "time_backwards")
+
+CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("policy", "", "swing-up policy: a .npz/.np file, or a directory (its newest *.npz); '' = LQR + "
+              "damping only. Relative paths: working directory, then the package's policies/. "
+              "~/reload_policy re-reads it", read_only=False),
+    ParamSpec("arm_on_start", False, "arm torque output at start (simulation only; on hardware call ~/enable)"),
+    ParamSpec("watchdog_timeout", 0.05, "s without a valid joint_states message before zero torque and a "
+              "diagnostics error", 0.001, 10.0),
+    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
+    ParamSpec("warn_throttle", 1.0, "s, at most one warning about refused messages per this period", 0.0, 3600.0),
+)
+
+
+class ControllerNode(Node):
+    """See the module docstring. Raises ParameterError (or ConfigError/PolicyError) on bad parameters."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        values = declare(self, ROBOT_PARAMETERS)
+        own = declare(self, CONTROLLER_PARAMETERS)
+        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + CONTROLLER_PARAMETERS])
+        self.config = robot_config_from_parameters(values)
+        self.watchdog_timeout = float(own["watchdog_timeout"])
+        self.warn_throttle = float(own["warn_throttle"])
+
+        policy, self.policy_path, note = self._load_policy_parameter(own["policy"])
+        try:
+            self.supervisor: Supervisor = build_controller(self.config, policy)
+        except ValueError as exc:
+            raise ParameterError(f"parameter 'policy': {exc}") from exc
+        self.get_logger().info(f"{self.config.robot}: {note}; policy version {self.policy_version}; "
+                               f"rho {self.supervisor.rho:.4g}")
+
+        self.armed = False
+        self.watchdog_tripped = False
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.states_received = 0
+        self.commands_published = 0
+        self.step_time = RingStats()        # s, Supervisor.step compute time
+        self.state_period = RingStats()     # s, receipt interval of valid states
+        self._last_stamp_ns: int | None = None
+        self._base_ns: int | None = None    # stamp that maps to t = 0 for the supervisor
+        self._last_state_rx = time.monotonic()
+        self._last_mode = "idle"
+        self._last_reload = ""
+
+        self.command_pub = self.create_publisher(JointState, "joint_commands", CONTROL_QOS)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+        self.create_subscription(JointState, "joint_states", self._on_state, CONTROL_QOS)
+        self.create_service(SetBool, "~/enable", self._on_enable)
+        self.create_service(Trigger, "~/reload_policy", self._on_reload)
+        self.create_timer(max(0.002, self.watchdog_timeout / 4.0), self._check_watchdog)
+        self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
+        if own["arm_on_start"]:
+            self._arm(True)
+
+    # ---------------------------------------------------------------- policy
+    @property
+    def policy_version(self) -> str:
+        policy = self.supervisor.policy
+        return policy.version() if isinstance(policy, SumOfGaussiansPolicy) else "none"
+
+    def _load_policy_parameter(self, value: str) -> tuple[SumOfGaussiansPolicy | None, Path | None, str]:
+        path, note = resolve_policy_path(value)
+        if path is None:
+            return None, None, note
+        try:
+            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit)
+        except PolicyError as exc:
+            raise ParameterError(f"parameter 'policy': {exc}") from exc
+        return policy, path, f"{note} {path}"
+
+    def _on_reload(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        """Validate the policy the parameter names, then swap it in (this callback runs between two steps)."""
+        start = time.perf_counter()
+        try:
+            path, note = resolve_policy_path(str(self.get_parameter("policy").value))
+            if path is None:
+                raise PolicyError(note)
+            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit)
+        except (PolicyError, ParameterError, OSError) as exc:
+            response.success = False
+            response.message = f"kept policy {self.policy_version}: {exc}"
+            self.get_logger().error(f"reload_policy refused: {response.message}")
+        else:
+            old = self.policy_version
+            self.supervisor.set_policy(policy)
+            self.policy_path = path
+            response.success = True
+            response.message = (f"loaded {path} (version {policy.version()}, was {old}) in "
+                                f"{(time.perf_counter() - start) * 1e3:.1f} ms")
+            self.get_logger().info(f"reload_policy: {response.message}")
+        self._last_reload = response.message
+        return response
+
+    # ---------------------------------------------------------------- arming
+    def _arm(self, on: bool) -> None:
+        if on and not self.armed:
+            self.supervisor.reset()
+            self._base_ns = None
+        if not on and self.armed:
+            self._publish_zero()
+        self.armed = on
+        self.get_logger().info("armed: torque output on" if on else "disarmed: torque output off")
+
+    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        self._arm(bool(request.data))
+        response.success = True
+        response.message = "armed" if self.armed else "disarmed"
+        if self.armed and self.watchdog_tripped:
+            response.message += " (no fresh joint_states yet: commands start when they return)"
+        return response
+
+    def _publish_zero(self) -> None:
+        self.command_pub.publish(command_message((0.0, 0.0), self.get_clock().now().to_msg(), "safe"))
+        self.commands_published += 1
+
+    # ---------------------------------------------------------------- the control step
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason] += 1
+        self.get_logger().warning(
+            f"refused joint_states message ({reason}); refused so far: {self.refused}",
+            throttle_duration_sec=self.warn_throttle)
+
+    def _on_state(self, msg: JointState) -> None:
+        rx = time.monotonic()
+        x, reason = state_from_message(msg)
+        if x is None:
+            self._refuse(reason)
+            return
+        ns = stamp_ns(msg)
+        if self._last_stamp_ns is not None and ns < self._last_stamp_ns:
+            self._refuse("time_backwards")
+            return
+        self._last_stamp_ns = ns
+        if self.states_received:
+            self.state_period.add(rx - self._last_state_rx)
+        self._last_state_rx = rx
+        self.states_received += 1
+        if self.watchdog_tripped:
+            self.watchdog_tripped = False
+            self.get_logger().info("joint_states are back: watchdog cleared")
+        if not self.armed:
+            return
+        if self._base_ns is None:
+            self._base_ns = ns
+        t = (ns - self._base_ns) * 1e-9
+        start = time.perf_counter()
+        u = self.supervisor.step(x, t)
+        self.step_time.add(time.perf_counter() - start)
+        if not np.isfinite(u).all():  # the supervisor guarantees this; a motor must never see NaN
+            u = np.zeros(2)
+        self._last_mode = self.supervisor.mode
+        self.command_pub.publish(command_message(u, msg.header.stamp, self._last_mode))
+        self.commands_published += 1
+
+    def _check_watchdog(self) -> None:
+        if self.watchdog_tripped or time.monotonic() - self._last_state_rx <= self.watchdog_timeout:
+            return
+        self.watchdog_tripped = True
+        self.supervisor.reset()
+        self._base_ns = None
+        self._last_stamp_ns = None  # a restarted driver may begin a new time base
+        if self.armed:
+            self._publish_zero()
+        self._last_mode = "safe"
+        if self.states_received:
+            self.get_logger().error(f"no valid joint_states for {self.watchdog_timeout} s: zero torque")
+        else:
+            self.get_logger().warning("waiting for the first valid joint_states (zero torque until then)")
+        self.publish_diagnostics()
+
+    # ---------------------------------------------------------------- diagnostics
+    def publish_diagnostics(self) -> None:
+        if self.watchdog_tripped:
+            level, message = ERROR, f"watchdog: no joint_states for more than {self.watchdog_timeout} s"
+        elif not self.armed:
+            level, message = WARN, "disarmed (call ~/enable)"
+        elif self._last_mode == "safe":
+            level, message = WARN, "mode safe"
+        else:
+            level, message = OK, f"mode {self._last_mode}"
+        step = self.step_time.summary(1e6)
+        period = self.state_period.summary(1e3)
+        values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
+                  "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
+                  "rho": self.supervisor.rho, "states_received": self.states_received,
+                  "commands_published": self.commands_published,
+                  "step_compute_p50_us": step["p50"], "step_compute_p99_us": step["p99"],
+                  "step_compute_max_us": step["max"], "state_period_mean_ms": period["mean"],
+                  "state_period_p99_ms": period["p99"], "state_period_max_ms": period["max"],
+                  "last_reload": self._last_reload}
+        values.update({f"refused_{k}": v for k, v in self.refused.items()})
+        array = DiagnosticArray()
+        array.header.stamp = self.get_clock().now().to_msg()
+        array.status = [status(f"{NODE_NAME}: controller", self.config.robot, level, message, values)]
+        self.diagnostics_pub.publish(array)
+
+
+def _zero_on_exit(node: Node) -> None:
+    if isinstance(node, ControllerNode) and node.armed:
+        node._publish_zero()
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``controller_node``; exits 2 with the reason when its parameters are invalid."""
+    return run_node(ControllerNode, NODE_NAME, args, on_shutdown=_zero_on_exit)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""sim_driver_node: the simulated robot, with the moteus driver's interface.
+
+Publishes ``joint_states`` (names shoulder/elbow; rad, rad/s, and the torque applied over the last step in
+N m), takes ``joint_commands`` (effort, N m), offers ``~/stop`` (std_srvs/Trigger, latched zero torque) and
+integrates ``mcpilco_core``'s plant with RK4 at ``control_period`` (2 ms). Like the hardware driver it never
+trusts a command: the actuated joint is clipped to ``torque_limit``, the passive joint always gets exactly 0,
+and commands older than ``command_timeout`` count as stale (zero torque).
+
+Two clocks:
+
+- ``realtime``: a wall-clock timer at 1/control_period (500 Hz) steps with the newest fresh command and
+  publishes the new state stamped with the ROS clock. What a real robot does, including its latency.
+- ``lockstep``: deterministic. State k is stamped with simulated time k * control_period; the simulation
+  advances exactly one step when the command answering state k arrives (matched by stamp). Before the first
+  answer it re-publishes state 0 (so a late controller still sees it); afterwards, no answer within
+  ``lockstep_timeout`` s of wall time steps with zero torque (counted). With the protocol enabled this is
+  the same computation as ``mcpilco evaluate`` (``mcpilco_core.evaluation``), only over ROS.
+
+``protocol.enabled`` runs the evaluation protocol's disturbance schedule for ``protocol.seed``
+(``ResetPerturbation``: PID + gravity compensation on both joints for 0.2 s windows, limited to 6 N m;
+the controller is not told, it keeps receiving states). ``duration`` > 0 ends the run after that much
+simulated time: the score is logged and, with ``record_file``, the trajectory (t, x, u, u_cmd, mode codes,
+disturbance windows, score) is written as .npz; ``exit_when_done`` then ends the process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+
+from mcpilco_core.config import JOINT_NAMES
+from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation, score_trajectory
+from mcpilco_core.plant import DoublePendulum
+from mcpilco_core.simulation import MODE_CODES
+
+from ._ros_utils import (
+    CONTROL_QOS,
+    ERROR,
+    OK,
+    ROBOT_PARAMETERS,
+    WARN,
+    ParameterError,
+    ParamSpec,
+    RingStats,
+    declare,
+    effort_from_message,
+    robot_config_from_parameters,
+    run_node,
+    stamp_ns,
+    status,
+    warn_unknown_overrides,
+)
+
+NODE_NAME = "sim_driver_node"
+MODES = ("realtime", "lockstep")
+
+SIM_PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
+              "command answering the latest state; deterministic)"),
+    ParamSpec("initial_state", [0.0, 0.0, 0.0, 0.0], "initial state q1, q2 (rad), dq1, dq2 (rad/s)"),
+    ParamSpec("command_timeout", 0.02, "s, commands older than this are stale: zero torque", 0.001, 10.0),
+    ParamSpec("lockstep_timeout", 0.1, "s of wall time to wait for the answer to a state (lockstep) before "
+              "stepping with zero torque", 0.001, 60.0),
+    ParamSpec("protocol.enabled", False, "run the evaluation protocol's disturbance schedule"),
+    ParamSpec("protocol.seed", 0, "seed of the disturbance schedule", 0, 2**31 - 1),
+    ParamSpec("duration", 0.0, "s of simulated time, then stop (0 = until stopped)", 0.0, 1e7),
+    ParamSpec("record_file", "", ".npz file for the trajectory at the end of duration ('' = none)"),
+    ParamSpec("exit_when_done", False, "end the process when duration is over"),
+    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
+)
+
+
+class SimDriverNode(Node):
+    """See the module docstring. Raises ParameterError on bad parameters."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        import threading
+
+        values = declare(self, ROBOT_PARAMETERS)
+        own = declare(self, SIM_PARAMETERS)
+        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + SIM_PARAMETERS])
+        self.config = robot_config_from_parameters(values)
+        self.mode = str(own["mode"])
+        if self.mode not in MODES:
+            raise ParameterError(f"parameter 'mode': must be one of {list(MODES)}, got {self.mode!r}")
+        x0 = [float(v) for v in own["initial_state"]]
+        if len(x0) != 4 or not all(math.isfinite(v) for v in x0):
+            raise ParameterError(f"parameter 'initial_state': expected 4 finite numbers, got {x0}")
+        self.plant = DoublePendulum(self.config.plant)
+        self.dt = float(self.config.control_period)
+        self._dt_ns = int(round(self.dt * 1e9))
+        self.limits = self.config.torque_limits
+        self.command_timeout = float(own["command_timeout"])
+        self.lockstep_timeout = float(own["lockstep_timeout"])
+        self.seed = int(own["protocol.seed"])
+        self.perturbation = (ResetPerturbation(DisturbanceSchedule.from_seed(self.seed), self.plant, self.dt)
+                             if own["protocol.enabled"] else None)
+        self.duration = float(own["duration"])
+        self.record_file = str(own["record_file"])
+        self.exit_when_done = bool(own["exit_when_done"])
+        self.done = threading.Event()   # run_node() leaves when set
+        self.exit_code = 0
+
+        self.x: tuple = tuple(x0)
+        self.k = 0
+        self.applied = (0.0, 0.0)
+        self.stopped = False
+        self.finished = False
+        self.started = self.mode == "realtime"
+        self.counters = {"refused_names": 0, "refused_lengths": 0, "refused_nonfinite": 0, "stale_steps": 0,
+                         "unmatched_commands": 0, "lockstep_timeouts": 0, "commands": 0}
+        self._command = (0.0, 0.0)
+        self._command_mode = "other"
+        self._command_rx: float | None = None
+        self._published_ns = 0
+        self._last_publish = time.monotonic()
+        self._last_tick: float | None = None
+        self.tick_period = RingStats(5000)   # s between realtime steps
+        self.score: float | None = None
+        n = int(round(self.duration / self.dt)) if self.duration > 0 else 0
+        self._n_steps = n
+        self._record = self.record_file != "" and n > 0
+        if self._record:
+            self._xs = np.empty((n + 1, 4))
+            self._us = np.zeros((n, 2))
+            self._ucmd = np.zeros((n, 2))
+            self._modes = np.zeros(n, dtype=np.int8)
+            self._xs[0] = self.x
+
+        self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+        self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
+        self.create_service(Trigger, "~/stop", self._on_stop)
+        if self.mode == "realtime":
+            self.create_timer(self.dt, self._tick)
+        else:
+            self.create_timer(max(0.001, self.lockstep_timeout / 2.0), self._lockstep_watch)
+        self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
+        protocol = f"protocol seed {self.seed}" if self.perturbation else "no disturbances"
+        self.get_logger().info(f"{self.config.robot} ({self.config.plant.name}), {self.mode}, dt {self.dt} s, "
+                               f"limits {self.limits} N m, {protocol}")
+        self._publish_state()
+
+    # ---------------------------------------------------------------- simulation
+    def _advance(self, command: tuple[float, float], mode: str) -> None:
+        """One RK4 step of ``dt`` with ``command`` (N m) limited, or the protocol's reset torques."""
+        k = self.k
+        t = k * self.dt
+        forced = self.perturbation(k, t, self.x) if self.perturbation is not None else None
+        if self.stopped:
+            u, code = (0.0, 0.0), MODE_CODES["safe"]
+        elif forced is not None:
+            u = tuple(float(min(max(v, -RESET_TORQUE_LIMIT), RESET_TORQUE_LIMIT)) for v in forced)
+            code = MODE_CODES["reset"]
+            command = (0.0, 0.0)
+        else:
+            u = tuple(min(max(float(c), -lim), lim) for c, lim in zip(command, self.limits))
+            code = MODE_CODES.get(mode, MODE_CODES["other"])
+        if self._record and k < self._n_steps:
+            self._us[k] = u
+            self._ucmd[k] = command
+            self._modes[k] = code
+        self.x = self.plant.rk4_step_scalar(self.x, u, self.dt)
+        self.applied = u
+        self.k = k + 1
+        if self._record and self.k <= self._n_steps:
+            self._xs[self.k] = self.x
+        if self._n_steps and self.k >= self._n_steps:
+            self._finish()
+
+    def _fresh_command(self, now: float) -> tuple[tuple[float, float], str]:
+        if self._command_rx is None or now - self._command_rx > self.command_timeout:
+            if self._command_rx is not None:
+                self.counters["stale_steps"] += 1
+            return (0.0, 0.0), "safe"
+        return self._command, self._command_mode
+
+    def _tick(self) -> None:
+        """Realtime: step with the newest fresh command, then publish the new state."""
+        now = time.monotonic()
+        if self._last_tick is not None:
+            self.tick_period.add(now - self._last_tick)
+        self._last_tick = now
+        if self.finished:
+            return
+        self._advance(*self._fresh_command(now))
+        if not self.finished:
+            self._publish_state()
+
+    def _lockstep_watch(self) -> None:
+        """Lockstep: re-publish state 0 until a controller answers; afterwards step on answer timeouts."""
+        if self.finished or time.monotonic() - self._last_publish <= self.lockstep_timeout:
+            return
+        if self.started:
+            self.counters["lockstep_timeouts"] += 1
+            self._advance((0.0, 0.0), "safe")
+            if self.finished:
+                return
+        self._publish_state()
+
+    def _publish_state(self) -> None:
+        msg = JointState()
+        if self.mode == "lockstep":
+            ns = self.k * self._dt_ns
+            msg.header.stamp = Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+        else:
+            msg.header.stamp = self.get_clock().now().to_msg()
+            ns = stamp_ns(msg)
+        msg.name = list(JOINT_NAMES)
+        q1, q2, dq1, dq2 = self.x
+        msg.position = [float(q1), float(q2)]
+        msg.velocity = [float(dq1), float(dq2)]
+        msg.effort = [float(self.applied[0]), float(self.applied[1])]
+        self._published_ns = ns
+        self._last_publish = time.monotonic()
+        self.state_pub.publish(msg)
+
+    # ---------------------------------------------------------------- interfaces
+    def _on_command(self, msg: JointState) -> None:
+        u, reason = effort_from_message(msg)
+        if u is None:
+            self.counters[f"refused_{reason}"] += 1
+            self.get_logger().warning(f"refused joint_commands message ({reason})", throttle_duration_sec=1.0)
+            return
+        self.counters["commands"] += 1
+        if self.mode == "realtime":
+            self._command, self._command_mode, self._command_rx = u, msg.header.frame_id, time.monotonic()
+            return
+        if self.finished or stamp_ns(msg) != self._published_ns:
+            self.counters["unmatched_commands"] += 1
+            return
+        self.started = True
+        self._advance(u, msg.header.frame_id)
+        if not self.finished:
+            self._publish_state()
+
+    def _on_stop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        self.stopped = True
+        self.get_logger().warning("stop requested: zero torque until the node restarts")
+        response.success = True
+        response.message = "stopped: zero torque on both joints (latched until restart)"
+        return response
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self._record:
+            t = np.arange(self._n_steps + 1) * self.dt
+            self.score = score_trajectory(t, self._xs, self.plant, self.duration)
+            windows = np.array(self.perturbation.windows if self.perturbation else np.zeros((0, 2)))
+            path = Path(self.record_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, t=t, x=self._xs, u=self._us, u_cmd=self._ucmd, mode=self._modes,
+                     windows=windows.reshape(-1, 2), score=self.score, seed=self.seed,
+                     robot=self.config.robot, lockstep_timeouts=self.counters["lockstep_timeouts"],
+                     stale_steps=self.counters["stale_steps"])
+            self.get_logger().info(f"done after {self.duration} s: score {self.score:.4f}, trajectory {path}")
+        else:
+            self.get_logger().info(f"done after {self.duration} s")
+        self.publish_diagnostics()
+        if self.exit_when_done:
+            self.done.set()
+
+    def publish_diagnostics(self) -> None:
+        period = self.tick_period.summary(1e3)
+        if self.stopped:
+            level, message = ERROR, "stopped (~/stop)"
+        elif self.finished:
+            level, message = OK, f"finished: score {self.score}" if self.score is not None else "finished"
+        elif self.mode == "lockstep" and not self.started:
+            level, message = WARN, "lockstep: waiting for the first command"
+        else:
+            level, message = OK, f"running ({self.mode})"
+        values = {"mode": self.mode, "step": self.k, "sim_time_s": self.k * self.dt, "stopped": self.stopped,
+                  "applied_torque": list(self.applied),
+                  "rate_hz": 1e3 / period["mean"] if period["mean"] == period["mean"] else math.nan,
+                  "period_p50_ms": period["p50"], "period_p99_ms": period["p99"], "period_max_ms": period["max"]}
+        values.update(self.counters)
+        array = DiagnosticArray()
+        array.header.stamp = self.get_clock().now().to_msg()
+        array.status = [status(f"{NODE_NAME}: simulated robot", self.config.robot, level, message, values)]
+        self.diagnostics_pub.publish(array)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``sim_driver_node``; exits 2 with the reason when its parameters are invalid."""
+    return run_node(SimDriverNode, NODE_NAME, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
