@@ -1,0 +1,437 @@
+"""The MC-PILCO trial loop and its configuration (``config/train_*.yaml``).
+
+Trial 0 explores with random torques. Every later trial k: fit the GP model on all data so far,
+optimise the policy on particles drawn from the trial's initial-state distribution, run the policy on
+the simulated robot through the supervisor (policy at 50 Hz, LQR inside its region of attraction,
+damping over the speed threshold), add the data, optionally score it with the 60 s evaluation protocol.
+
+Initial-state distribution of trial k (seed paper's curriculum): ``U(-gamma_k x_M, gamma_k x_M)`` around the
+hanging rest state, ``gamma_k = clip((k - k_m) / K, 0, 1)``; optionally a fraction of the particles (and of
+the trial starts) comes from a pool of states the evaluation protocol hands over after its PID
+disturbances (fast, wound-up), which is what a global policy must master.
+
+All randomness derives from ``seed`` and the trial index, so a resumed run equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
+from .cost import CostSettings, saturated_cost
+from .gp import GPSettings
+from .model import DynamicsModel, TransitionData, transitions_from_trajectory
+from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
+from .torch_policy import TorchPolicy
+
+LOG = logging.getLogger("mcpilco.learner")
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class InitialStateSettings:
+    """x_max: half-widths (rad, rad, rad/s, rad/s) of the nominal box; k_m, K: curriculum; floor: minimum
+    half-widths; disturbance_fraction: share of particles/starts from post-disturbance states, used from
+    trial ``disturbance_from_trial``; disturbance_seeds: evaluation seeds that build the initial pool
+    (disjoint from the seeds used for scores)."""
+
+    x_max: tuple[float, float, float, float] = (math.pi, math.pi, 0.01, 0.01)
+    k_m: int = 5
+    K: int = 10
+    floor: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    disturbance_fraction: float = 0.0
+    disturbance_from_trial: int = 5
+    disturbance_seeds: tuple[int, ...] = (1000, 1001, 1002, 1003)
+    disturbance_jitter: float = 0.05
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training run (see config/train_pendubot.yaml for their meaning and units)."""
+
+    robot: RobotConfig
+    source: str
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 2
+    dtype: str = "float32"
+    backward_matmul: str = "bfloat16"
+    trials: int = 20
+    exploration_duration: float = 3.0
+    exploration_amplitude: float = 3.0
+    trial_duration: float = 3.0
+    horizon: float = 3.0
+    particles: int = 400
+    num_basis: int = 200
+    center_dq_range: float = 2 * math.pi
+    gp: GPSettings = field(default_factory=GPSettings)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    cost: CostSettings = field(default_factory=CostSettings)
+    initial_state: InitialStateSettings = field(default_factory=InitialStateSettings)
+    evaluation_seeds: tuple[int, ...] = (0,)
+    progress: bool = True
+
+    @property
+    def horizon_steps(self) -> int:
+        return int(round(self.horizon / self.robot.policy_period))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float32 if self.dtype == "float32" else torch.float64
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["robot"] = {"robot": self.robot.robot, "source": self.robot.source,
+                         "fingerprint": self.robot.fingerprint()}
+        return data
+
+
+_TOP_KEYS = ["robot_config", "seed", "device", "threads", "dtype", "backward_matmul", "trials", "exploration",
+             "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost", "initial_state",
+             "evaluation", "progress"]
+
+
+def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig:
+    """Read and validate a training YAML file; errors name the file and the field.
+
+    ``robot_config`` is resolved relative to the training file; ``robot`` (from ``--robot``) must match it.
+    """
+    path = Path(path)
+    r = _Reader(read_yaml(path) or {}, path)
+    r.reject_unknown(_TOP_KEYS)
+    robot_path = path.parent / r.string("robot_config", f"{robot or 'pendubot'}.yaml")
+    robot_cfg = load_robot_config(robot_path)
+    if robot is not None and robot_cfg.robot != robot:
+        raise ConfigError(path, "robot_config", f"{robot_path} is for the {robot_cfg.robot}, not the {robot}")
+    d = TrainConfig(robot=robot_cfg, source=str(path))
+    threads = r.raw("threads", "auto")
+    threads = min(2, os.cpu_count() or 1) if threads == "auto" else r.integer("threads", minimum=1)
+    ex = r.sub("exploration")
+    ex.reject_unknown(["duration", "amplitude"])
+    pol = r.sub("policy")
+    pol.reject_unknown(["num_basis", "center_dq_range"])
+    ev = r.sub("evaluation")
+    ev.reject_unknown(["seeds"])
+    config = TrainConfig(
+        robot=robot_cfg, source=str(path), seed=r.integer("seed", d.seed, minimum=0),
+        device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
+        dtype=r.string("dtype", d.dtype, choices=["float32", "float64"]),
+        backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=["float32", "bfloat16"]),
+        trials=r.integer("trials", d.trials, minimum=1),
+        exploration_duration=ex.number("duration", d.exploration_duration, positive=True),
+        exploration_amplitude=ex.number("amplitude", d.exploration_amplitude, nonnegative=True),
+        trial_duration=r.number("trial_duration", d.trial_duration, positive=True),
+        horizon=r.number("horizon", d.horizon, positive=True),
+        particles=r.integer("particles", d.particles, minimum=1),
+        num_basis=pol.integer("num_basis", d.num_basis, minimum=1),
+        center_dq_range=pol.number("center_dq_range", d.center_dq_range, positive=True),
+        gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
+        cost=CostSettings(lengthscales=r.sub("cost").vector("lengthscales", 2, (3.0, 3.0), positive=True)),
+        initial_state=_initial_state_settings(r.sub("initial_state")),
+        evaluation_seeds=tuple(_int_list(ev, "seeds", [0])), progress=r.boolean("progress", d.progress))
+    if config.exploration_amplitude > robot_cfg.torque_limit:
+        raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
+    if config.horizon_steps < 1:
+        raise ConfigError(path, "horizon", "shorter than one policy period")
+    return config
+
+
+def _int_list(reader: _Reader, key: str, default: list[int]) -> list[int]:
+    value = reader.raw(key, default)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(reader.source, reader.name(key), f"expected a list of integers, got {value!r}")
+    return value
+
+
+def _gp_settings(r: _Reader) -> GPSettings:
+    d = GPSettings()
+    r.reject_unknown([f.name for f in fields(GPSettings)])
+    return GPSettings(fit_steps=r.integer("fit_steps", d.fit_steps, minimum=0),
+                      fit_lr=r.number("fit_lr", d.fit_lr, positive=True),
+                      fit_points=r.integer("fit_points", d.fit_points, minimum=2),
+                      max_points=r.integer("max_points", d.max_points, minimum=1),
+                      sod_threshold=r.number("sod_threshold", d.sod_threshold, nonnegative=True),
+                      noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
+                      warm_start=r.boolean("warm_start", d.warm_start))
+
+
+def _optimizer_settings(r: _Reader) -> OptimizerSettings:
+    d = OptimizerSettings()
+    r.reject_unknown([f.name for f in fields(OptimizerSettings)])
+    s = OptimizerSettings(
+        lr=r.number("lr", d.lr, positive=True), lr_min=r.number("lr_min", d.lr_min, positive=True),
+        lr_factor=r.number("lr_factor", d.lr_factor, positive=True),
+        dropout=r.number("dropout", d.dropout, nonnegative=True),
+        dropout_factor=r.number("dropout_factor", d.dropout_factor, nonnegative=True),
+        max_steps_first=r.integer("max_steps_first", d.max_steps_first, minimum=1),
+        max_steps=r.integer("max_steps", d.max_steps, minimum=1),
+        smoothing=r.number("smoothing", d.smoothing, positive=True),
+        ratio_threshold=r.number("ratio_threshold", d.ratio_threshold, nonnegative=True),
+        patience=r.integer("patience", d.patience, minimum=1), min_steps=r.integer("min_steps", d.min_steps, minimum=0))
+    if not s.dropout < 1.0:
+        raise ConfigError(r.source, r.name("dropout"), "must be < 1")
+    if s.lr_min > s.lr or s.lr_factor >= 1.0 or s.smoothing >= 1.0:
+        raise ConfigError(r.source, r.prefix or "optimizer", "need lr_min <= lr, lr_factor < 1, smoothing < 1")
+    return s
+
+
+def _initial_state_settings(r: _Reader) -> InitialStateSettings:
+    d = InitialStateSettings()
+    r.reject_unknown([f.name for f in fields(InitialStateSettings)])
+    fraction = r.number("disturbance_fraction", d.disturbance_fraction, nonnegative=True)
+    if fraction > 1.0:
+        raise ConfigError(r.source, r.name("disturbance_fraction"), "must be in [0, 1]")
+    return InitialStateSettings(
+        x_max=r.vector("x_max", 4, d.x_max, nonnegative=True),  # type: ignore[arg-type]
+        k_m=r.integer("k_m", d.k_m, minimum=0), K=r.integer("K", d.K, minimum=1),
+        floor=r.vector("floor", 4, d.floor, nonnegative=True),  # type: ignore[arg-type]
+        disturbance_fraction=fraction,
+        disturbance_from_trial=r.integer("disturbance_from_trial", d.disturbance_from_trial, minimum=0),
+        disturbance_seeds=tuple(_int_list(r, "disturbance_seeds", list(d.disturbance_seeds))),
+        disturbance_jitter=r.number("disturbance_jitter", d.disturbance_jitter, nonnegative=True))
+
+
+# --------------------------------------------------------------------------------------------------
+# Randomness and the initial-state distribution
+
+
+def trial_generators(seed: int, trial: int) -> tuple[np.random.Generator, torch.Generator]:
+    """Independent numpy and torch generators for one trial, from (seed, trial) only (resume-safe)."""
+    sequence = np.random.SeedSequence([seed, trial])
+    rng = np.random.default_rng(sequence)
+    torch_gen = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+    return rng, torch_gen
+
+
+def curriculum_gamma(trial: int, k_m: int, K: int) -> float:
+    """gamma_k = clip((k - k_m) / K, 0, 1) of the seed paper."""
+    return float(np.clip((trial - k_m) / K, 0.0, 1.0))
+
+
+@dataclass
+class InitialStateDistribution:
+    """Box ``U(-w, w)`` (w = max(gamma x_max, floor)) mixed with a pool of post-disturbance states."""
+
+    half_width: np.ndarray
+    pool: np.ndarray
+    pool_fraction: float
+    jitter: float
+
+    def sample_numpy(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        x = rng.uniform(-1.0, 1.0, size=(n, 4)) * self.half_width
+        if self.pool_fraction > 0 and len(self.pool):
+            from_pool = rng.uniform(size=n) < self.pool_fraction
+            picks = rng.integers(0, len(self.pool), size=int(from_pool.sum()))
+            x[from_pool] = self.pool[picks] + self.jitter * rng.standard_normal((len(picks), 4))
+        return x
+
+    def sampler(self, device: str, dtype: torch.dtype):
+        """A torch sampler (n, generator) -> (n, 4) for the optimiser (same distribution)."""
+        half = torch.as_tensor(self.half_width, dtype=torch.float64)
+        pool = torch.as_tensor(self.pool, dtype=torch.float64)
+
+        def sample(n: int, generator: torch.Generator) -> torch.Tensor:
+            x = (2 * torch.rand((n, 4), generator=generator, dtype=torch.float64) - 1) * half
+            if self.pool_fraction > 0 and len(pool):
+                mask = torch.rand(n, generator=generator, dtype=torch.float64) < self.pool_fraction
+                picks = torch.randint(0, len(pool), (int(mask.sum()),), generator=generator)
+                noise = torch.randn((len(picks), 4), generator=generator, dtype=torch.float64)
+                x[mask] = pool[picks] + self.jitter * noise
+            return x.to(device=device, dtype=dtype)
+
+        return sample
+
+
+def initial_distribution(config: TrainConfig, trial: int, pool: np.ndarray) -> InitialStateDistribution:
+    s = config.initial_state
+    gamma = curriculum_gamma(trial, s.k_m, s.K)
+    half = np.maximum(gamma * np.asarray(s.x_max), np.asarray(s.floor))
+    fraction = s.disturbance_fraction if trial >= s.disturbance_from_trial else 0.0
+    return InitialStateDistribution(half, pool, fraction, s.disturbance_jitter)
+
+
+# --------------------------------------------------------------------------------------------------
+# The simulated robot
+
+
+class ExplorationController:
+    """Trial 0: uniform random actuated torque in [-amplitude, amplitude] N m, held for one policy period."""
+
+    mode = "policy"
+
+    def __init__(self, config: RobotConfig, amplitude: float, rng: np.random.Generator) -> None:
+        self.config, self.amplitude, self.rng = config, amplitude, rng
+        self.reset()
+
+    def reset(self) -> None:
+        self._next_time = -math.inf
+        self._u = np.zeros(2)
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        if t >= self._next_time - 1e-9:
+            self._u = np.zeros(2)
+            self._u[self.config.actuated_joint] = self.rng.uniform(-self.amplitude, self.amplitude)
+            self._next_time = t + self.config.policy_period
+        return self._u.copy()
+
+
+def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: float):
+    """One trial on the simulated robot (RK4 at the control period); returns the simulator Trajectory."""
+    from .plant import DoublePendulum
+    from .simulation import Simulator
+
+    sim = Simulator(DoublePendulum(config.plant), config.torque_limits, config.control_period)
+    return sim.run(controller, np.asarray(x0, dtype=np.float64), duration)
+
+
+def post_disturbance_states(controller, config: RobotConfig, seeds: tuple[int, ...] | list[int]) -> np.ndarray:
+    """States right after each PID disturbance of the evaluation protocol (M, 4), plus the scores."""
+    from .evaluation import evaluate_seed
+
+    states, scores = [], []
+    for seed in seeds:
+        result = evaluate_seed(controller, config, seed, keep_trajectory=True)
+        traj = result.trajectory
+        for _, end in result.windows:
+            states.append(traj.x[min(int(round(end / traj.dt)), len(traj.x) - 1)])
+        scores.append(result.score)
+    return np.asarray(states).reshape(-1, 4), np.asarray(scores)
+
+
+# --------------------------------------------------------------------------------------------------
+# The trial loop
+
+
+@dataclass
+class TrialRecord:
+    """What one trial produced (the run directory stores it)."""
+
+    index: int
+    trajectory: Any
+    x0: np.ndarray
+    policy: Any | None = None                     # SumOfGaussiansPolicy (None for trial 0)
+    model_arrays: dict | None = None
+    optimization: OptimizationResult | None = None
+    eval_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    disturbance_states: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    timings: dict = field(default_factory=dict)
+    robot_cost: float = float("nan")
+
+    def summary(self) -> dict:
+        opt = self.optimization
+        return {"trial": self.index, "x0": self.x0.tolist(), "timings_s": self.timings,
+                "optimization_steps": opt.steps if opt else 0,
+                "final_model_cost": opt.cost[-1] if opt and opt.cost else None,
+                "stop_reason": opt.stop_reason if opt else "",
+                "eval_scores": self.eval_scores.tolist(),
+                "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
+                "robot_cost": self.robot_cost}
+
+
+class Learner:
+    """Runs MC-PILCO trials for one configuration; the state (data, model, policy) can be restored."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        torch.set_num_threads(config.threads)
+        self.model = DynamicsModel(config.robot, config.gp)
+        self.data = TransitionData.empty()
+        self.policy: TorchPolicy | None = None
+        self.pool = np.zeros((0, 4))
+
+    # ------------------------------------------------------------------ state
+    def add_trajectory(self, trajectory) -> None:
+        cfg = self.config.robot
+        self.data = self.data.concat(transitions_from_trajectory(trajectory.t, trajectory.x, trajectory.u,
+                                                                 cfg.policy_period, cfg.actuated_joint))
+
+    def restore(self, records: list[TrialRecord], initial_pool: np.ndarray) -> None:
+        """Rebuild the learner after the given (complete) trials, e.g. for --resume."""
+        self.pool = initial_pool
+        for record in records:
+            self.add_trajectory(record.trajectory)
+            if len(record.disturbance_states):
+                self.pool = np.concatenate([self.pool, record.disturbance_states])
+        last = records[-1]
+        if last.model_arrays is not None:
+            self.model.load_arrays(last.model_arrays, self.config.device, self.config.torch_dtype)
+        if last.policy is not None:
+            self.policy = TorchPolicy.from_numpy(last.policy, self.config.torch_dtype).to(self.config.device)
+
+    # ------------------------------------------------------------------ trials
+    def build_initial_pool(self) -> np.ndarray:
+        """Post-disturbance states of the LQR + damping supervisor (no policy yet) on the pool seeds."""
+        s = self.config.initial_state
+        if s.disturbance_fraction <= 0 or not s.disturbance_seeds:
+            return np.zeros((0, 4))
+        from .control import build_controller
+
+        states, _ = post_disturbance_states(build_controller(self.config.robot), self.config.robot,
+                                            s.disturbance_seeds)
+        return states
+
+    def exploration_trial(self) -> TrialRecord:
+        cfg = self.config
+        rng, _ = trial_generators(cfg.seed, 0)
+        x0 = initial_distribution(cfg, 0, self.pool).sample_numpy(1, rng)[0]
+        start = time.perf_counter()
+        traj = run_on_robot(cfg.robot, ExplorationController(cfg.robot, cfg.exploration_amplitude, rng), x0,
+                            cfg.exploration_duration)
+        self.add_trajectory(traj)
+        return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start})
+
+    def learning_trial(self, k: int) -> TrialRecord:
+        """Fit, optimise, run, evaluate (trial k >= 1)."""
+        cfg = self.config
+        rng, gen = trial_generators(cfg.seed, k)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        self.model.fit(self.data, rng, cfg.device, cfg.torch_dtype)
+        self.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
+        timings["model_fit"] = time.perf_counter() - start
+        if self.policy is None:
+            self.policy = TorchPolicy.random(cfg.num_basis, cfg.robot.u_max, gen, cfg.center_dq_range,
+                                             cfg.torch_dtype).to(cfg.device)
+        dist = initial_distribution(cfg, k, self.pool)
+        max_steps = cfg.optimizer.max_steps_first if k == 1 else cfg.optimizer.max_steps
+        result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
+                                 cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
+                                 description=f"trial {k} policy")
+        timings["optimization"] = result.wall_time
+        numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
+                                            {"trial": k, "seed": cfg.seed})
+        record = TrialRecord(k, None, dist.sample_numpy(1, rng)[0], numpy_policy, self.model.to_arrays(), result)
+        self._run_and_evaluate(record, timings)
+        return record
+
+    def _run_and_evaluate(self, record: TrialRecord, timings: dict) -> None:
+        from .control import build_controller
+
+        cfg = self.config
+        start = time.perf_counter()
+        controller = build_controller(cfg.robot, record.policy)
+        record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration)
+        self.add_trajectory(record.trajectory)
+        stride = round(cfg.robot.policy_period / record.trajectory.dt)
+        record.robot_cost = float(saturated_cost(torch.as_tensor(record.trajectory.x[::stride]), cfg.cost).sum())
+        timings["robot"] = time.perf_counter() - start
+        if cfg.evaluation_seeds:
+            start = time.perf_counter()
+            record.disturbance_states, record.eval_scores = post_disturbance_states(
+                build_controller(cfg.robot, record.policy), cfg.robot, cfg.evaluation_seeds)
+            if cfg.initial_state.disturbance_fraction > 0:
+                self.pool = np.concatenate([self.pool, record.disturbance_states])
+            timings["evaluation"] = time.perf_counter() - start
+        record.timings = timings

@@ -1,0 +1,239 @@
+"""The speed-integration dynamics model (MC-PILCO) with the forward-dynamics prior mean, and particle rollouts.
+
+One transition covers one policy period Ts (s), with the torque held. Per joint i:
+
+    dq'_i = dq_i + Delta_i,        q'_i = q_i + Ts dq_i + Ts/2 Delta_i,
+    Delta_i ~ GP_i with prior mean  m(x, u) = Ts * M^-1(q) (B u - n(q, dq))  (the nominal plant).
+
+The GP therefore learns only the residual Delta - m (the prior is an Euler step, poor at Ts = 20 ms near
+the upright). GP input: (dq1, dq2, cos q1, cos q2, sin q1, sin q2, u), u the actuated torque (N m): the
+policy's features phi followed by u, so one sin/cos per step serves the policy, the GP and the prior.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .config import RobotConfig
+from .gp import (
+    GPHyperparameters,
+    GPPosterior,
+    GPSettings,
+    build_posterior,
+    fit_hyperparameters,
+    select_subset,
+)
+from .plant import DoublePendulum
+
+
+class NonFiniteParticlesError(FloatingPointError):
+    """A rollout produced NaN/inf states; the message says at which step and how many particles."""
+
+
+@dataclass
+class TransitionData:
+    """Transitions at the policy period: states x (N, 4), actuated torques u (N,), next states (N, 4)."""
+
+    x: np.ndarray
+    u: np.ndarray
+    x_next: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    @classmethod
+    def empty(cls) -> TransitionData:
+        return cls(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 4)))
+
+    def concat(self, other: TransitionData) -> TransitionData:
+        return TransitionData(np.concatenate([self.x, other.x]), np.concatenate([self.u, other.u]),
+                              np.concatenate([self.x_next, other.x_next]))
+
+
+def transitions_from_trajectory(t: np.ndarray, x: np.ndarray, u: np.ndarray, period: float,
+                                actuated_joint: int) -> TransitionData:
+    """Resample a simulator trajectory (dt steps) into transitions of length ``period`` (s).
+
+    The torque of a transition is the mean applied actuated torque over its interval (LQR and damping run
+    at the fast rate, so it is not always constant inside one period).
+    """
+    dt = float(t[1] - t[0])
+    stride = round(period / dt)
+    if stride < 1 or abs(stride * dt - period) > 1e-9:
+        raise ValueError(f"policy period {period} s is not a multiple of the trajectory step {dt} s")
+    count = (len(u)) // stride
+    if count == 0:
+        return TransitionData.empty()
+    idx = np.arange(count) * stride
+    u_act = u[: count * stride, actuated_joint].reshape(count, stride).mean(axis=1)
+    return TransitionData(x[idx].copy(), u_act, x[idx + stride].copy())
+
+
+@dataclass
+class DynamicsModel:
+    """Speed-integration model of one robot: physics prior + per-joint GPs on the residual.
+
+    period: Ts (s); the posterior is None until :meth:`fit` has run.
+    """
+
+    config: RobotConfig
+    settings: GPSettings = field(default_factory=GPSettings)
+    hyper: GPHyperparameters | None = None
+    subsets: list[np.ndarray] | None = None
+    posterior: GPPosterior | None = None
+    fit_history: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.plant = DoublePendulum(self.config.plant)
+        self.period = float(self.config.policy_period)
+        self.actuated = int(self.config.actuated_joint)
+        p = self.config.plant
+        (m1, m2), (l1, _), (r1, r2), (i1, i2) = p.m, p.l, p.r, p.I
+        self._constants = {"a": i1 + i2 + m2 * l1 * l1 + p.gr * p.gr * p.Ir + p.Ir, "h": m2 * l1 * r2,
+                           "m12": i2 - p.gr * p.Ir, "m22": i2 + p.gr * p.gr * p.Ir,
+                           "g1": p.g * (m1 * r1 + m2 * l1), "g2": p.g * m2 * r2}
+
+    # ------------------------------------------------------------------ features and prior
+    @staticmethod
+    def gp_inputs(x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """(dq1, dq2, cos q1, cos q2, sin q1, sin q2, u) for states (..., 4) and torques (...)."""
+        return np.concatenate([x[..., 2:], np.cos(x[..., :2]), np.sin(x[..., :2]), u[..., None]], -1)
+
+    def torques(self, u: np.ndarray) -> np.ndarray:
+        """Both joints' torques (..., 2) with ``u`` on the actuated joint and exactly 0 on the passive one."""
+        both = np.zeros(u.shape + (2,))
+        both[..., self.actuated] = u
+        return both
+
+    def prior_mean(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Ts * forward dynamics (rad/s) of the nominal plant: the prior of Delta dq, shape (..., 2)."""
+        return self.period * self.plant.forward_dynamics(x, self.torques(u))
+
+    def _prior_from_trig(self, dq: torch.Tensor, c: torch.Tensor, s: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """:meth:`prior_mean` from precomputed cos q, sin q (P, 2) on torch tensors (fewer kernel launches).
+
+        Same equations as :class:`DoublePendulum` (checked by a test); friction terms only if nonzero.
+        """
+        k = self._constants
+        dq1, dq2 = dq[:, 0], dq[:, 1]
+        c2, s1, s2 = c[:, 1], s[:, 0], s[:, 1]
+        s12 = s1 * c2 + c[:, 0] * s2
+        hs = k["h"] * s2
+        g2 = -k["g2"] * s12
+        rhs1 = g2 - k["g1"] * s1 + hs * (2.0 * dq1 + dq2) * dq2
+        rhs2 = g2 - hs * dq1 * dq1
+        if self.actuated == 0:
+            rhs1 = rhs1 + u
+        else:
+            rhs2 = rhs2 + u
+        p = self.config.plant
+        for i, (b, cf) in enumerate(zip(p.b, p.cf)):
+            if b or cf:
+                friction = b * dq[:, i] + cf * torch.atan(100.0 * dq[:, i])
+                rhs1, rhs2 = (rhs1 - friction, rhs2) if i == 0 else (rhs1, rhs2 - friction)
+        m11 = k["a"] + (2.0 * k["h"]) * c2
+        m12 = k["m12"] + k["h"] * c2
+        scale = self.period / (m11 * k["m22"] - m12 * m12)
+        return torch.stack([(k["m22"] * rhs1 - m12 * rhs2) * scale, (m11 * rhs2 - m12 * rhs1) * scale], -1)
+
+    def residual_targets(self, data: TransitionData) -> tuple[np.ndarray, np.ndarray]:
+        """GP inputs (N, 7) and residual targets Delta dq - prior (N, 2) of a data set."""
+        delta = data.x_next[:, 2:] - data.x[:, 2:]
+        return self.gp_inputs(data.x, data.u), delta - self.prior_mean(data.x, data.u)
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, data: TransitionData, rng: np.random.Generator, device: str = "cpu",
+            dtype: torch.dtype = torch.float32) -> None:
+        """Fit hyperparameters (warm start if enabled), choose the SoD subsets, cache the posterior."""
+        inputs, targets = self.residual_targets(data)
+        if self.hyper is None or not self.settings.warm_start:
+            self.hyper = GPHyperparameters.initial(inputs, targets, self.settings.noise_floor)
+        fit_idx = np.arange(len(inputs))
+        if len(fit_idx) > self.settings.fit_points:
+            fit_idx = np.sort(rng.choice(len(inputs), self.settings.fit_points, replace=False))
+        self.hyper, self.fit_history = fit_hyperparameters(self.hyper, inputs[fit_idx], targets[fit_idx],
+                                                           self.settings.fit_steps, self.settings.fit_lr)
+        self.subsets = select_subset(inputs, self.hyper, self.settings.max_points, self.settings.sod_threshold)
+        self._inputs, self._targets = inputs, targets
+        self.posterior = build_posterior(self.hyper, inputs, targets, self.subsets, device, dtype)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to rebuild the fitted model (for the run directory; no pickle)."""
+        if self.hyper is None or self.subsets is None:
+            raise RuntimeError("the model has not been fitted")
+        arrays = {f"hyper_{k}": v for k, v in self.hyper.to_arrays().items()}
+        for j, idx in enumerate(self.subsets):
+            arrays[f"subset_inputs_{j}"] = self._inputs[idx]
+            arrays[f"subset_targets_{j}"] = self._targets[idx, j]
+        arrays["fit_history"] = np.asarray(self.fit_history)
+        return arrays
+
+    def load_arrays(self, arrays: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        """Inverse of :meth:`to_arrays`."""
+        self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
+        n_out = self.hyper.raw_signal.shape[0]
+        inputs = np.concatenate([arrays[f"subset_inputs_{j}"] for j in range(n_out)])
+        targets = np.zeros((len(inputs), n_out))
+        subsets, start = [], 0
+        for j in range(n_out):
+            m = len(arrays[f"subset_inputs_{j}"])
+            targets[start:start + m, j] = arrays[f"subset_targets_{j}"]
+            subsets.append(np.arange(start, start + m))
+            start += m
+        self.subsets, self._inputs, self._targets = subsets, inputs, targets
+        self.fit_history = list(np.asarray(arrays.get("fit_history", [])))
+        self.posterior = build_posterior(self.hyper, inputs, targets, subsets, device, dtype)
+
+    # ------------------------------------------------------------------ prediction
+    def step(self, x: torch.Tensor, policy, noise: torch.Tensor | None) -> torch.Tensor:
+        """One transition of particles x (P, 4) under ``policy`` (features phi (P, 6) -> torque (P,)).
+
+        Samples with the standard normals ``noise`` (P, 2), reparameterised: Delta = mean + std * noise
+        (noise None gives the mean). Returns the next states (P, 4).
+        """
+        if self.posterior is None:
+            raise RuntimeError("the model has not been fitted")
+        q, dq = x[:, :2], x[:, 2:]
+        c, s = torch.cos(q), torch.sin(q)
+        phi = torch.cat([dq, c, s], -1)
+        u = policy.forward_features(phi)
+        mean, var = self.posterior.predict(torch.cat([phi, u.unsqueeze(-1)], -1))
+        delta = self._prior_from_trig(dq, c, s, u) + mean
+        if noise is not None:
+            delta = delta + torch.sqrt(var) * noise
+        return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1)
+
+
+def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generator: torch.Generator | None,
+            sample: bool = True) -> torch.Tensor:
+    """Propagate particles x0 (P, 4) for ``steps`` policy periods; returns states (steps + 1, P, 4).
+
+    ``policy.forward_features(phi)`` gives the actuated torque (P,). Noise comes from ``generator``
+    (reparameterised, so the result is differentiable in the policy parameters and in x0). Raises
+    NonFiniteParticlesError if any state is NaN/inf, naming the first bad step.
+    """
+    noise = None
+    if sample:
+        noise = torch.randn((steps, x0.shape[0], 2), generator=generator, dtype=x0.dtype, device="cpu")
+        noise = noise.to(x0.device)
+    states = [x0]
+    x = x0
+    for t in range(steps):
+        x = model.step(x, policy, None if noise is None else noise[t])
+        states.append(x)
+    trajectory = torch.stack(states)
+    check_finite(trajectory)
+    return trajectory
+
+
+def check_finite(trajectory: torch.Tensor) -> None:
+    """Raise NonFiniteParticlesError if a particle state is NaN or infinite (never propagate silently)."""
+    bad = ~torch.isfinite(trajectory.detach()).all(-1)
+    if bool(bad.any()):
+        steps = torch.nonzero(bad.any(-1)).flatten()
+        raise NonFiniteParticlesError(
+            f"{int(bad.sum())} non-finite particle states; first at step {int(steps[0])} "
+            f"({int(bad[steps[0]].sum())} of {bad.shape[1]} particles)")

@@ -1,0 +1,146 @@
+"""Policy optimisation on the model: Adam on the Monte-Carlo cost with MC-PILCO's schedules.
+
+Every step re-samples the initial particles and the model noise, so the gradient is stochastic. The
+learning rate is halved at each plateau (down to ``lr_min``) and the dropout probability is scaled down
+with it; at a plateau with the learning rate already at its minimum the optimisation stops.
+
+Plateau detection (the smoothed-ratio rule): with the per-step cost change dJ_k = J_k - J_{k-1}, keep
+exponential moving averages of dJ and dJ^2; the ratio r = |mean(dJ)| / std(dJ) measures how much of the
+cost change is trend rather than noise. r below ``ratio_threshold`` for ``patience`` consecutive steps is
+a plateau. ``max_steps`` caps the number of steps regardless.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .cost import CostSettings, trajectory_cost
+from .model import DynamicsModel, rollout
+from .torch_policy import TorchPolicy
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """lr / lr_min (Adam learning rates), lr_factor (multiplier at a plateau), dropout (initial p),
+    dropout_factor (multiplier of p at a plateau), max_steps_first / max_steps (caps for trial 1 / later),
+    smoothing (EMA factor of the ratio rule), ratio_threshold, patience (steps), min_steps."""
+
+    lr: float = 0.01
+    lr_min: float = 0.0025
+    lr_factor: float = 0.5
+    dropout: float = 0.25
+    dropout_factor: float = 0.5
+    max_steps_first: int = 2000
+    max_steps: int = 4000
+    smoothing: float = 0.99
+    ratio_threshold: float = 0.08
+    patience: int = 200
+    min_steps: int = 0
+
+
+@dataclass
+class OptimizationResult:
+    """Per-step history: cost (J at the step), lr, dropout p; steps run; wall time (s); why it stopped."""
+
+    cost: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    dropout: list[float] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def steps(self) -> int:
+        return len(self.cost)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {"cost": np.asarray(self.cost), "lr": np.asarray(self.lr), "dropout": np.asarray(self.dropout),
+                "ratio": np.asarray(self.ratio)}
+
+
+class PlateauMonitor:
+    """The smoothed-ratio plateau rule (see module docstring)."""
+
+    def __init__(self, smoothing: float, threshold: float, patience: int) -> None:
+        self.smoothing, self.threshold, self.patience = smoothing, threshold, patience
+        self.reset()
+
+    def reset(self) -> None:
+        self.previous: float | None = None
+        self.mean = 0.0
+        self.square = 0.0
+        self.weight = 0.0
+        self.below = 0
+        self.ratio = math.inf
+
+    def update(self, cost: float) -> bool:
+        """Feed J_k; True when a plateau is detected (then the counter restarts)."""
+        if self.previous is not None:
+            change = cost - self.previous
+            a = self.smoothing
+            self.mean = a * self.mean + (1 - a) * change
+            self.square = a * self.square + (1 - a) * change * change
+            self.weight = a * self.weight + (1 - a)
+            mean = self.mean / self.weight
+            var = max(self.square / self.weight - mean * mean, 1e-30)
+            self.ratio = abs(mean) / math.sqrt(var)
+            self.below = self.below + 1 if self.ratio < self.threshold else 0
+        self.previous = cost
+        if self.below >= self.patience:
+            self.below = 0
+            return True
+        return False
+
+
+def optimize_policy(policy: TorchPolicy, model: DynamicsModel, sample_x0: Callable[[int, torch.Generator], torch.Tensor],
+                    particles: int, steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
+                    max_steps: int, generator: torch.Generator, progress: bool = True,
+                    description: str = "policy") -> OptimizationResult:
+    """Minimise the particle estimate of J over the policy parameters in place; return the history.
+
+    sample_x0(n, generator) draws the initial particles (n, 4) on the rollout device and dtype.
+    """
+    opt = torch.optim.Adam(policy.parameters(), lr=settings.lr)
+    monitor = PlateauMonitor(settings.smoothing, settings.ratio_threshold, settings.patience)
+    lr, dropout = settings.lr, settings.dropout
+    result = OptimizationResult()
+    start = time.perf_counter()
+    bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
+    try:
+        for step in range(max_steps):
+            policy.set_dropout(dropout, generator)
+            opt.zero_grad(set_to_none=True)
+            trajectory = rollout(model, policy, sample_x0(particles, generator), steps_horizon, generator)
+            loss = trajectory_cost(trajectory, cost)
+            loss.backward()
+            opt.step()
+            value = float(loss.detach())
+            result.cost.append(value)
+            result.lr.append(lr)
+            result.dropout.append(dropout)
+            plateau = monitor.update(value)
+            result.ratio.append(monitor.ratio)
+            bar.update(1)
+            bar.set_postfix(cost=f"{value:.2f}", lr=f"{lr:.4g}")
+            if plateau and step + 1 >= settings.min_steps:
+                if lr <= settings.lr_min * (1 + 1e-9):
+                    result.stop_reason = "plateau at the minimum learning rate"
+                    break
+                lr = max(lr * settings.lr_factor, settings.lr_min)
+                dropout *= settings.dropout_factor
+                for group in opt.param_groups:
+                    group["lr"] = lr
+        else:
+            result.stop_reason = "step cap"
+    finally:
+        bar.close()
+        policy.set_dropout(0.0, None)
+    result.wall_time = time.perf_counter() - start
+    return result

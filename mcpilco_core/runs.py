@@ -1,0 +1,201 @@
+"""Self-describing training run directories and the resumable training driver.
+
+Layout of ``runs/NAME/``::
+
+    run.json                 run id, robot, config hash, package version, creation time
+    train_config.yaml        the training configuration as given;  robot_config.yaml: the robot's
+    log.txt                  human-readable log (appended on resume)
+    trials/trial_000/        data.npz (simulator trajectory at 2 ms: t, x, u, u_cmd, mode; x0),
+                             summary.json (timings, costs, scores) -- written last: marks the trial complete
+    trials/trial_KKK/        + policy.npz (own format), model.npz (GP hyperparameters and subsets),
+                             optimization.npz (cost / lr / dropout per step), disturbance_states.npy
+    policy.npz               the newest policy (copy of the last trial's)
+    learning_curves.png      optimisation cost per step (all trials) and evaluation score per trial
+
+A trial directory is written under a temporary name and renamed when complete, so ``--resume`` restarts
+after the last complete trial; every trial's randomness depends only on (seed, trial index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import __version__
+from .learner import Learner, TrainConfig, TrialRecord
+from .optimizer import OptimizationResult
+from .policy import load_policy, save_policy
+from .simulation import Trajectory
+
+LOG = logging.getLogger("mcpilco.runs")
+
+
+class RunError(RuntimeError):
+    """The run directory cannot be used (exists without --resume, or belongs to another configuration)."""
+
+
+def config_hash(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+class RunDirectory:
+    """One training run on disk (see module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.trials_dir = self.root / "trials"
+
+    # ------------------------------------------------------------------ creation
+    def create(self, config: TrainConfig, resume: bool) -> dict:
+        """Create (or, with ``resume``, reopen and check) the directory; returns run.json's content."""
+        meta_path = self.root / "run.json"
+        digest = config_hash(config.source)
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if not resume:
+                raise RunError(f"{self.root} already holds a run; pass --resume to continue it or choose --out")
+            if meta.get("config_hash") != digest:
+                raise RunError(f"{self.root} was made with another configuration "
+                               f"(hash {meta.get('config_hash')}, now {digest})")
+            return meta
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config.source, self.root / "train_config.yaml")
+        if config.robot.source:
+            shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
+        meta = {"run_id": uuid.uuid4().hex[:12], "robot": config.robot.robot, "config_hash": digest,
+                "robot_fingerprint": config.robot.fingerprint(), "package_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config.to_dict()}
+        meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        return meta
+
+    def log(self, message: str) -> None:
+        LOG.info(message)
+        with open(self.root / "log.txt", "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {message}\n")
+
+    # ------------------------------------------------------------------ trials
+    def trial_path(self, k: int) -> Path:
+        return self.trials_dir / f"trial_{k:03d}"
+
+    def completed_trials(self) -> list[int]:
+        """Indices of complete trials, consecutive from 0 (a gap ends the list)."""
+        done = []
+        while (self.trial_path(len(done)) / "summary.json").exists():
+            done.append(len(done))
+        return done
+
+    def save_trial(self, record: TrialRecord, meta: dict) -> Path:
+        final = self.trial_path(record.index)
+        tmp = final.with_name(final.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        t = record.trajectory
+        np.savez(tmp / "data.npz", t=t.t, x=t.x, u=t.u, u_cmd=t.u_cmd, mode=t.mode, x0=record.x0)
+        if record.policy is not None:
+            save_policy(record.policy, tmp / "policy.npz", run_id=meta["run_id"], config_hash=meta["config_hash"],
+                        trial=record.index)
+        if record.model_arrays is not None:
+            np.savez(tmp / "model.npz", **record.model_arrays)
+        if record.optimization is not None:
+            np.savez(tmp / "optimization.npz", **record.optimization.to_arrays(),
+                     wall_time=record.optimization.wall_time)
+        np.save(tmp / "disturbance_states.npy", record.disturbance_states)
+        (tmp / "summary.json").write_text(json.dumps(record.summary(), indent=2) + "\n", encoding="utf-8")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        if record.policy is not None:
+            shutil.copyfile(final / "policy.npz", self.root / "policy.npz")
+        return final
+
+    def load_trial(self, k: int, robot: str) -> TrialRecord:
+        path = self.trial_path(k)
+        with np.load(path / "data.npz") as d:
+            traj = Trajectory(t=d["t"], x=d["x"], u=d["u"], u_cmd=d["u_cmd"], mode=d["mode"])
+            x0 = d["x0"]
+        record = TrialRecord(k, traj, x0)
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+        record.eval_scores = np.asarray(summary.get("eval_scores", []), dtype=float)
+        record.robot_cost = float(summary.get("robot_cost") or float("nan"))
+        record.timings = summary.get("timings_s", {})
+        if (path / "policy.npz").exists():
+            record.policy = load_policy(path / "policy.npz", robot=robot)
+        if (path / "model.npz").exists():
+            with np.load(path / "model.npz") as m:
+                record.model_arrays = {key: m[key] for key in m.files}
+        if (path / "optimization.npz").exists():
+            with np.load(path / "optimization.npz") as o:
+                record.optimization = OptimizationResult(cost=o["cost"].tolist(), lr=o["lr"].tolist(),
+                                                         dropout=o["dropout"].tolist(), ratio=o["ratio"].tolist(),
+                                                         wall_time=float(o["wall_time"]))
+        record.disturbance_states = np.load(path / "disturbance_states.npy")
+        return record
+
+    # ------------------------------------------------------------------ plots
+    def plot_learning_curves(self, records: list[TrialRecord]) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
+        offset = 0
+        for r in records:
+            if r.optimization is not None and r.optimization.cost:
+                steps = np.arange(offset, offset + r.optimization.steps)
+                ax_cost.plot(steps, r.optimization.cost, lw=0.8, label=f"trial {r.index}")
+                offset += r.optimization.steps
+        ax_cost.set(xlabel="optimisation step (all trials)", ylabel="particle cost J", title="policy optimisation")
+        scored = [(r.index, float(r.eval_scores.mean())) for r in records if r.eval_scores.size]
+        if scored:
+            ax_score.plot(*zip(*scored), "o-")
+        ax_score.set(xlabel="trial", ylabel="evaluation score (60 s protocol)", ylim=(0, 1), title="score per trial")
+        fig.tight_layout()
+        path = self.root / "learning_curves.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[TrialRecord]:
+    """Run (or continue) the trials of ``config`` in the run directory ``out``; returns every trial's record."""
+    run = RunDirectory(out)
+    meta = run.create(config, resume)
+    learner = Learner(config)
+    initial_pool = learner.build_initial_pool()
+    done = run.completed_trials() if resume else []
+    records = [run.load_trial(k, config.robot.robot) for k in done]
+    if records:
+        learner.restore(records, initial_pool)
+        run.log(f"resumed after trial {done[-1]}")
+    else:
+        learner.pool = initial_pool
+        run.log(f"run {meta['run_id']}: {config.robot.robot}, {config.trials} trials, config {config.source}")
+    bar = tqdm(range(len(records), config.trials), desc="trials", disable=not config.progress, unit="trial",
+               initial=len(records), total=config.trials)
+    for k in bar:
+        record = learner.exploration_trial() if k == 0 else learner.learning_trial(k)
+        run.save_trial(record, meta)
+        records.append(record)
+        run.log(_describe(record))
+        run.plot_learning_curves(records)
+    return records
+
+
+def _describe(record: TrialRecord) -> str:
+    s = record.summary()
+    parts = [f"trial {record.index} complete"]
+    if s["optimization_steps"]:
+        parts.append(f"{s['optimization_steps']} steps ({s['stop_reason']}), model cost {s['final_model_cost']:.3f}")
+    parts.append(f"robot cost {record.robot_cost:.3f}")
+    if s["eval_score_mean"] is not None:
+        parts.append(f"score {s['eval_score_mean']:.3f}")
+    parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))
+    return "; ".join(parts)
