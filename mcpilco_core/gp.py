@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch.nn.functional import softplus
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,10 @@ class GPHyperparameters:
         return torch.exp(self.raw_lengthscales)
 
     def signal_variance(self) -> torch.Tensor:
-        return F.softplus(self.raw_signal)
+        return softplus(self.raw_signal)
 
     def noise_variance(self) -> torch.Tensor:
-        return F.softplus(self.raw_noise) + self.noise_floor
+        return softplus(self.raw_noise) + self.noise_floor
 
     def parameters(self) -> list[torch.Tensor]:
         return [self.raw_lengthscales, self.raw_signal, self.raw_noise]
@@ -283,7 +283,8 @@ def build_posterior(hyper: GPHyperparameters, inputs: np.ndarray, targets: np.nd
         scaled[j, :m] = xs
         packed[j, :m, :m] = sf2[j] * l_inv.T
         packed[j, :m, n] = sf2[j] * alpha
-    return GPPosterior(scaled_inputs=scaled.to(device, dtype), half_sq_norms=(0.5 * (scaled ** 2).sum(-1)).to(device, dtype),
+    half = 0.5 * (scaled ** 2).sum(-1)
+    return GPPosterior(scaled_inputs=scaled.to(device, dtype), half_sq_norms=half.to(device, dtype),
                        inv_lengthscales=(1.0 / ls).to(device, dtype), packed=packed.to(device, dtype),
                        signal=sf2.to(device, dtype), noise=s2.to(device, dtype),
                        sizes=tuple(len(s) for s in subsets))

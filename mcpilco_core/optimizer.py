@@ -99,8 +99,9 @@ class PlateauMonitor:
         return False
 
 
-def optimize_policy(policy: TorchPolicy, model: DynamicsModel, sample_x0: Callable[[int, torch.Generator], torch.Tensor],
-                    particles: int, steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
+def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
+                    sample_x0: Callable[[int, torch.Generator], torch.Tensor], particles: int,
+                    steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
                     max_steps: int, generator: torch.Generator, progress: bool = True,
                     description: str = "policy") -> OptimizationResult:
     """Minimise the particle estimate of J over the policy parameters in place; return the history.

@@ -1,6 +1,7 @@
 """Torch twin of :class:`mcpilco_core.policy.SumOfGaussiansPolicy`, trained by the particle optimiser.
 
-    u = u_M tanh( sum_i d_i w_i / u_M exp(-|| (a_i - phi(x)) / l ||^2) ),  phi = (dq1, dq2, cos q1, cos q2, sin q1, sin q2)
+    u = u_M tanh( sum_i d_i w_i / u_M exp(-|| (a_i - phi(x)) / l ||^2) ),
+    phi = (dq1, dq2, cos q1, cos q2, sin q1, sin q2)
 
 d_i is an optional dropout mask on the basis outputs (scaled by 1 / (1 - p) while training). The numbers
 equal the numpy runtime policy's for the same parameters; :meth:`to_numpy` / :meth:`from_numpy` convert.
