@@ -1,0 +1,59 @@
+"""``mcpilco train`` and ``mcpilco export``: the learner's subcommands (registered by mcpilco_core.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .config import ROBOTS
+
+
+def register(subparsers) -> None:
+    """Add the ``train`` and ``export`` subcommands."""
+    p = subparsers.add_parser("train", help="learn a swing-up policy with MC-PILCO (writes a run directory)",
+                              description="Run MC-PILCO trials on the simulated robot. The run directory holds "
+                                          "the config, every trial's data, model and policy, learning curves "
+                                          "and a log; --resume continues after the last complete trial.")
+    p.add_argument("--robot", choices=ROBOTS, required=True)
+    p.add_argument("--config", type=Path, required=True, help="training YAML, e.g. config/train_pendubot.yaml")
+    p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/pendubot_seed0")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--trials", type=int, help="override the number of trials of the config")
+    p.set_defaults(func=_run_train)
+
+    p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
+    p.add_argument("policy", type=Path, help="policy file (.npz of this package, or a run's policy.npz)")
+    p.add_argument("--realaigym", type=Path, required=True, help="output: RealAIGym MC-PILCO pickle (.np)")
+    p.set_defaults(func=_run_export)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .learner import load_train_config
+    from .runs import RunError, train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    config = load_train_config(args.config, args.robot)
+    if args.trials is not None:
+        config = replace(config, trials=args.trials)
+    try:
+        records = train(config, args.out, resume=args.resume)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(records)} trials in {args.out}; newest policy: {args.out / 'policy.npz'}")
+    return 0
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from .policy import export_realaigym, load_policy
+
+    policy = load_policy(args.policy)
+    if abs(policy.u_max - 3.0) > 1e-12:
+        print(f"warning: u_max is {policy.u_max} N m but RealAIGym's loader assumes 3 N m", file=sys.stderr)
+    export_realaigym(policy, args.realaigym)
+    print(f"wrote {args.realaigym} ({policy.robot}, {policy.num_basis} basis functions)")
+    return 0

@@ -1,0 +1,223 @@
+"""Learner components: torch policy, physics prior, rollout gradients, non-finite detection, schedules, config."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mcpilco_core.config import ConfigError, load_robot_config
+from mcpilco_core.cost import CostSettings, saturated_cost, trajectory_cost
+from mcpilco_core.gp import GPHyperparameters, build_posterior
+from mcpilco_core.learner import (
+    ExplorationController,
+    curriculum_gamma,
+    initial_distribution,
+    load_train_config,
+    trial_generators,
+)
+from mcpilco_core.model import DynamicsModel, NonFiniteParticlesError, rollout, transitions_from_trajectory
+from mcpilco_core.optimizer import PlateauMonitor
+from mcpilco_core.policy import load_policy, save_policy
+from mcpilco_core.torch_policy import TorchPolicy
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "config"
+
+
+def _states(rng, n):
+    return np.concatenate([rng.uniform(-9, 9, (n, 2)), rng.uniform(-15, 15, (n, 2))], 1)
+
+
+def test_torch_policy_equals_numpy_policy_and_round_trips(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    policy = TorchPolicy.random(50, 3.0, gen, dtype=torch.float64)
+    with torch.no_grad():
+        policy.log_lengthscales.copy_(torch.linspace(-0.5, 0.7, 6, dtype=torch.float64))
+    x = _states(np.random.default_rng(1), 64)
+    runtime = policy.to_numpy("pendubot", 0.02)
+    expected = runtime(x)
+    np.testing.assert_allclose(policy(torch.tensor(x)).detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert np.abs(expected).max() <= 3.0
+    loaded = load_policy(save_policy(runtime, tmp_path / "p.npz"), robot="pendubot")
+    np.testing.assert_array_equal(loaded(x), expected)
+    twin = TorchPolicy.from_numpy(loaded, torch.float32)
+    np.testing.assert_allclose(twin(torch.tensor(x, dtype=torch.float32)).detach().numpy(), expected, atol=2e-5)
+
+
+def test_policy_initialisation_follows_the_paper():
+    policy = TorchPolicy.random(400, 3.0, torch.Generator().manual_seed(1))
+    c = policy.centers.detach().numpy()
+    assert np.abs(policy.weights.detach().numpy()).max() <= 3.0
+    assert np.abs(c[:, :2]).max() <= 2 * math.pi
+    np.testing.assert_allclose(c[:, 2:4] ** 2 + c[:, 4:] ** 2, 1.0, rtol=1e-5)  # (cos, sin) on the circle
+    assert np.all(policy.log_lengthscales.detach().numpy() == 0.0)
+
+
+def test_dropout_mask_scales_kept_basis_outputs():
+    policy = TorchPolicy.random(1000, 3.0, torch.Generator().manual_seed(2))
+    policy.set_dropout(0.25, torch.Generator().manual_seed(3))
+    kept = policy.mask > 0
+    assert 0.68 < float(kept.float().mean()) < 0.82
+    assert torch.allclose(policy.mask[kept], torch.tensor(1 / 0.75))
+    policy.set_dropout(0.0, None)
+    assert policy.mask is None
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_fast_prior_equals_plant_forward_dynamics(robot):
+    model = DynamicsModel(load_robot_config(CONFIG / f"{robot}.yaml"))
+    rng = np.random.default_rng(4)
+    x, u = _states(rng, 50), rng.uniform(-3, 3, 50)
+    expected = model.prior_mean(x, u)
+    xt, ut = torch.tensor(x), torch.tensor(u)
+    got = model._prior_from_trig(xt[:, 2:], torch.cos(xt[:, :2]), torch.sin(xt[:, :2]), ut).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def _fitted_model(dtype=torch.float64, n=25, seed=5):
+    model = DynamicsModel(load_robot_config(CONFIG / "pendubot.yaml"))
+    rng = np.random.default_rng(seed)
+    x, u = _states(rng, n) * 0.3, rng.uniform(-3, 3, n)
+    inputs = model.gp_inputs(x, u)
+    targets = 0.05 * np.stack([np.sin(x[:, 0] + u), np.cos(x[:, 2])], -1)
+    hyper = GPHyperparameters.initial(inputs, targets)
+    model.hyper, model.subsets = hyper, [np.arange(n), np.arange(0, n, 2)]
+    model.posterior = build_posterior(hyper, inputs, targets, model.subsets, dtype=dtype)
+    return model
+
+
+def test_rollout_gradient_matches_finite_differences_float64():
+    model = _fitted_model()
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
+
+    def objective(*values):
+        traj = rollout(model, _Functional(policy, values), x0, 6, torch.Generator().manual_seed(8))
+        return trajectory_cost(traj, CostSettings())
+
+    inputs = tuple(p.detach().clone().requires_grad_(True) for p in policy.parameters())
+    assert torch.autograd.gradcheck(objective, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+class _Functional:
+    """The policy evaluated with explicit parameter tensors (so gradcheck can perturb them)."""
+
+    def __init__(self, policy, values):
+        self.policy, (self.centers, self.log_ls, self.weights) = policy, values
+
+    def forward_features(self, phi):
+        inv = torch.exp(-self.log_ls)
+        d = (phi[:, None, :] - self.centers) * inv
+        act = torch.exp(-(d * d).sum(-1))
+        return self.policy.u_max * torch.tanh(act @ self.weights / self.policy.u_max)
+
+
+def test_rollout_gradient_with_module_policy_equals_functional():
+    model = _fitted_model()
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
+    cost = trajectory_cost(rollout(model, policy, x0, 6, torch.Generator().manual_seed(8)), CostSettings())
+    grads = torch.autograd.grad(cost, list(policy.parameters()))
+    values = tuple(p.detach().clone().requires_grad_(True) for p in policy.parameters())
+    cost_f = trajectory_cost(rollout(model, _Functional(policy, values), x0, 6, torch.Generator().manual_seed(8)),
+                             CostSettings())
+    for a, b in zip(grads, torch.autograd.grad(cost_f, values)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_bfloat16_backward_gives_close_gradients():
+    model = _fitted_model(torch.float32, n=60)
+    policy = TorchPolicy.random(20, 3.0, torch.Generator().manual_seed(9))
+    x0 = torch.zeros(32, 4)
+    grads = {}
+    for precision in ("float32", "bfloat16"):
+        model.posterior.set_backward_precision(precision)
+        cost = trajectory_cost(rollout(model, policy, x0, 20, torch.Generator().manual_seed(1)), CostSettings())
+        grads[precision] = torch.cat([g.flatten() for g in torch.autograd.grad(cost, list(policy.parameters()))])
+    rel = (grads["float32"] - grads["bfloat16"]).norm() / grads["float32"].norm()
+    assert float(rel) < 0.05
+
+
+def test_non_finite_particles_are_reported():
+    model = _fitted_model()
+    policy = TorchPolicy.random(4, 3.0, torch.Generator().manual_seed(1), dtype=torch.float64)
+    x0 = torch.zeros(5, 4, dtype=torch.float64)
+    x0[3, 2] = float("nan")
+    with pytest.raises(NonFiniteParticlesError, match="first at step 0"):
+        rollout(model, policy, x0, 3, torch.Generator().manual_seed(0))
+
+
+def test_cost_wraps_angles_and_is_zero_at_goal():
+    goal = torch.tensor([[math.pi, 0.0, 0.0, 0.0], [-math.pi, 2 * math.pi, 5.0, 0.0],
+                         [5 * math.pi, -4 * math.pi, 0, 0]])
+    assert torch.allclose(saturated_cost(goal, CostSettings()), torch.zeros(3), atol=1e-12)
+    down = saturated_cost(torch.zeros(1, 4, dtype=torch.float64), CostSettings())
+    assert float(down) == pytest.approx(1 - math.exp(-(math.pi / 3) ** 2))
+
+
+def test_transitions_resample_trajectory_at_the_policy_period():
+    t = np.arange(41) * 0.002
+    x = np.cumsum(np.ones((41, 4)), 0)
+    u = np.zeros((40, 2))
+    u[:, 1] = np.arange(40)
+    data = transitions_from_trajectory(t, x, u, 0.02, actuated_joint=1)
+    assert len(data) == 4
+    np.testing.assert_array_equal(data.x[:, 0], [1, 11, 21, 31])
+    np.testing.assert_array_equal(data.x_next[:, 0], [11, 21, 31, 41])
+    np.testing.assert_allclose(data.u, [4.5, 14.5, 24.5, 34.5])
+
+
+def test_plateau_monitor_detects_noise_but_not_a_trend():
+    rng = np.random.default_rng(0)
+    flat = PlateauMonitor(0.97, 0.1, 30)
+    assert any(flat.update(10 + rng.normal()) for _ in range(400))
+    trend = PlateauMonitor(0.97, 0.1, 30)
+    assert not any(trend.update(100 - 0.5 * k + 0.1 * rng.normal()) for k in range(400))
+
+
+def test_curriculum_and_initial_distribution():
+    assert [curriculum_gamma(k, 5, 10) for k in (0, 5, 10, 15, 30)] == [0, 0, 0.5, 1, 1]
+    config = load_train_config(CONFIG / "train_pendubot.yaml", "pendubot")
+    rng, _ = trial_generators(0, 10)
+    x = initial_distribution(config, 10, np.zeros((0, 4))).sample_numpy(2000, rng)
+    assert np.abs(x[:, 0]).max() <= math.pi / 2 and np.abs(x[:, 0]).max() > 1.4
+    assert np.all(initial_distribution(config, 2, np.zeros((0, 4))).sample_numpy(5, rng) == 0)
+    pool = np.full((3, 4), 7.0)
+    mixed = initial_distribution(config, 2, pool)
+    mixed.pool_fraction, mixed.jitter = 0.5, 0.0
+    share = np.mean(mixed.sample_numpy(1000, rng)[:, 0] == 7.0)
+    assert 0.4 < share < 0.6
+    torch_sample = mixed.sampler("cpu", torch.float32)(1000, torch.Generator().manual_seed(0))
+    assert 0.4 < float((torch_sample[:, 0] == 7.0).float().mean()) < 0.6
+
+
+def test_trial_generators_depend_only_on_seed_and_trial():
+    a, ta = trial_generators(1, 4)
+    b, tb = trial_generators(1, 4)
+    c, _ = trial_generators(1, 5)
+    assert a.random() == b.random() != c.random()
+    assert torch.equal(torch.rand(3, generator=ta), torch.rand(3, generator=tb))
+
+
+def test_exploration_holds_torque_for_one_policy_period_on_the_actuated_joint():
+    config = load_robot_config(CONFIG / "acrobot.yaml")
+    ctrl = ExplorationController(config, 2.0, np.random.default_rng(0))
+    us = np.array([ctrl.step(np.zeros(4), k * 0.002) for k in range(30)])
+    assert np.all(us[:, 0] == 0.0) and np.abs(us[:, 1]).max() <= 2.0
+    assert len(np.unique(us[:10, 1])) == 1 and us[10, 1] != us[9, 1]
+
+
+def test_train_config_errors_name_file_and_field(tmp_path):
+    bad = tmp_path / "train.yaml"
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\noptimizer: {{lr: -1}}\n")
+    with pytest.raises(ConfigError, match=r"train.yaml: field 'optimizer.lr'"):
+        load_train_config(bad)
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\nparticels: 3\n")
+    with pytest.raises(ConfigError, match="particels"):
+        load_train_config(bad)
+    with pytest.raises(ConfigError, match="robot_config"):
+        load_train_config(CONFIG / "train_pendubot.yaml", "acrobot")
+    for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml"):
+        load_train_config(CONFIG / name)
