@@ -1,0 +1,190 @@
+"""controller_node in-process: arming, answering states, refusing bad messages, watchdog, policy reload,
+parameter validation and diagnostics. Each test runs its own rclpy context (localhost discovery and a
+per-process domain id come from conftest.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy")
+from _ros_helpers import CONFIG, Peer, joint_state, level, rig, status_values, wait_for  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from std_srvs.srv import SetBool, Trigger  # noqa: E402
+
+from mcpilco_core.policy import SumOfGaussiansPolicy, load_policy, save_policy  # noqa: E402
+from mcpilco_ros._ros_utils import ERROR, OK, ParameterError  # noqa: E402
+from mcpilco_ros.controller_node import ControllerNode  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+UPRIGHT = (math.pi + 0.05, -0.02)
+
+
+def make_controller(context, **overrides) -> ControllerNode:
+    params = {"watchdog_timeout": 5.0, "diagnostics_period": 0.05, "warn_throttle": 0.0, **overrides}
+    return ControllerNode(context=context, cli_args=["--ros-args", "--params-file", str(CONFIG / "pendubot.yaml")],
+                          parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+
+
+def random_policy(seed: int, robot: str = "pendubot") -> SumOfGaussiansPolicy:
+    rng = np.random.default_rng(seed)
+    return SumOfGaussiansPolicy(centers=rng.normal(size=(20, 6)), log_lengthscales=np.zeros(6),
+                                weights=rng.normal(size=20), u_max=3.0, robot=robot)
+
+
+def connected(r, **overrides):
+    controller = r.add(make_controller(r.context, **overrides))
+    peer = r.add(Peer(r.context, "joint_states", "joint_commands"))
+    r.start()
+    wait_for(lambda: peer.pub.get_subscription_count() >= 1 and controller.command_pub.get_subscription_count() >= 1,
+             what="controller and test peer matched")
+    return controller, peer
+
+
+def answers(peer) -> list:
+    return [m for m in peer.received if m.header.frame_id != "safe"]
+
+
+def test_disarmed_until_enabled_then_answers_every_state_with_its_stamp():
+    with rig() as r:
+        controller, peer = connected(r)
+        enable = peer.create_client(SetBool, "/controller_node/enable")
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=1_000_000))
+        wait_for(lambda: controller.states_received == 1, what="first state received")
+        assert peer.received == [] and controller.commands_published == 0  # disarmed: silent
+
+        assert r.call(enable, SetBool.Request(data=True)).success
+        for k in range(2, 6):
+            peer.pub.publish(joint_state(UPRIGHT, stamp_ns=k * 2_000_000))
+        wait_for(lambda: len(answers(peer)) == 4, what="four commands")
+        for k, msg in enumerate(answers(peer), start=2):
+            assert msg.header.stamp.nanosec == k * 2_000_000   # stamped with the state it answers
+            assert list(msg.name) == ["shoulder", "elbow"]
+            assert msg.effort[1] == 0.0 and msg.effort[0] != 0.0  # passive elbow exactly zero
+            assert msg.header.frame_id == "lqr"
+
+        assert r.call(enable, SetBool.Request(data=False)).success
+        wait_for(lambda: peer.received[-1].header.frame_id == "safe", what="zero command on disarm")
+        assert list(peer.received[-1].effort) == [0.0, 0.0]
+        count = len(peer.received)
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=20_000_000))
+        wait_for(lambda: controller.states_received == 6, what="state after disarm")
+        assert len(peer.received) == count
+
+
+BAD_MESSAGES = [
+    ("names", dict(names=("hip", "knee"))),
+    ("names", dict(names=("shoulder",), q=(0.1,), dq=(0.0,))),
+    ("names", dict(names=("shoulder", "shoulder"))),
+    ("lengths", dict(q=(0.1, 0.2, 0.3))),
+    ("lengths", dict(dq=())),
+    ("nonfinite", dict(q=(math.nan, 0.0))),
+    ("nonfinite", dict(dq=(0.0, math.inf))),
+]
+
+
+def test_bad_messages_are_refused_counted_and_never_commanded():
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True)
+        for _, fields in BAD_MESSAGES:
+            peer.pub.publish(joint_state(stamp_ns=5_000_000, **fields))
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=10_000_000))
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=8_000_000))    # time going backwards
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=12_000_000, names=("elbow", "shoulder")))  # any order
+        wait_for(lambda: sum(controller.refused.values()) == len(BAD_MESSAGES) + 1 and len(answers(peer)) == 2,
+                 what="all messages handled")
+        assert controller.refused == {"names": 3, "lengths": 2, "nonfinite": 2, "time_backwards": 1}
+        assert [m.header.stamp.nanosec for m in answers(peer)] == [10_000_000, 12_000_000]
+        assert all(np.isfinite(m.effort).all() for m in peer.received)
+        # the elbow-first message was mapped by name: the elbow (passive) torque is still the zero one
+        assert answers(peer)[1].effort[1] == 0.0
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["refused_names"] == "3", what="refused counts in diagnostics")
+
+
+def test_watchdog_zeroes_torque_reports_error_and_recovers():
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, watchdog_timeout=0.1)
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=50_000_000_000))
+        wait_for(lambda: len(answers(peer)) == 1, what="a command")
+        # no more states: a zero command and an ERROR
+        wait_for(lambda: peer.received[-1].header.frame_id == "safe", what="zero command from the watchdog")
+        assert list(peer.received[-1].effort) == [0.0, 0.0]
+        wait_for(lambda: (st := peer.last_status("controller")) is not None and level(st) == ERROR
+                 and status_values(st)["watchdog_tripped"] == "True", what="diagnostics error")
+        # states return (even from a restarted driver with an earlier time base): commands resume
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=1_000_000))
+        wait_for(lambda: len(answers(peer)) == 2, what="command after recovery")
+        assert answers(peer)[-1].header.stamp.nanosec == 1_000_000
+        wait_for(lambda: level(peer.last_status("controller")) == OK, what="diagnostics back to OK")
+
+
+def test_reload_policy_swaps_a_good_file_and_keeps_the_old_one_on_a_bad_file(tmp_path):
+    first = save_policy(random_policy(1), tmp_path / "first.npz")
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, policy=str(first))
+        reload = peer.create_client(Trigger, "/controller_node/reload_policy")
+        version = controller.policy_version
+        assert version == load_policy(first).version()
+
+        second = save_policy(random_policy(2), tmp_path / "second.npz")
+        controller.set_parameters([Parameter("policy", value=str(second))])
+        answer = r.call(reload, Trigger.Request())
+        assert answer.success, answer.message
+        assert controller.policy_version == load_policy(second).version() != version
+
+        for name, content, reason in [("corrupt.npz", b"PK\x03\x04 not a zip archive", "cannot read"),
+                                      ("text.npz", b"hello", "not a policy file")]:
+            (tmp_path / name).write_bytes(content)
+            controller.set_parameters([Parameter("policy", value=str(tmp_path / name))])
+            answer = r.call(reload, Trigger.Request())
+            assert not answer.success and name in answer.message and reason in answer.message, answer.message
+            assert controller.policy_version == load_policy(second).version()
+
+        wrong = save_policy(random_policy(3, robot="acrobot"), tmp_path / "acrobot.npz")
+        controller.set_parameters([Parameter("policy", value=str(wrong))])
+        answer = r.call(reload, Trigger.Request())
+        assert not answer.success and "acrobot" in answer.message
+
+        # a directory: its newest *.npz (what the trainer exports)
+        folder = tmp_path / "exports"
+        save_policy(random_policy(4), folder / "a.npz")
+        newest = save_policy(random_policy(5), folder / "b.npz")
+        os.utime(folder / "a.npz", (1, 1))
+        controller.set_parameters([Parameter("policy", value=str(folder))])
+        answer = r.call(reload, Trigger.Request())
+        assert answer.success, answer.message
+        assert controller.policy_version == load_policy(newest).version()
+
+        # it keeps controlling with the new policy: a state far from upright gets a policy command
+        peer.pub.publish(joint_state((0.3, 0.0), stamp_ns=1_000_000))
+        wait_for(lambda: len(answers(peer)) == 1, what="a policy command")
+        assert answers(peer)[0].header.frame_id == "policy"
+        wait_for(lambda: status_values(peer.last_status("controller"))["policy_version"]
+                 == controller.policy_version, what="policy version in diagnostics")
+
+
+@pytest.mark.parametrize("overrides, parameter", [
+    ({"torque_limit": -1.0}, "torque_limit"),
+    ({"u_max": 8.0}, "u_max"),
+    ({"robot": "quadrotor"}, "robot"),
+    ({"watchdog_timeout": 0.0}, "watchdog_timeout"),
+    ({"damping.exit_speed": 30.0}, "damping.exit_speed"),
+    ({"policy": "/nonexistent/policy.npz"}, "policy"),
+])
+def test_invalid_parameters_are_refused_at_startup(overrides, parameter):
+    with rig() as r:
+        with pytest.raises(ParameterError, match=f"parameter '{parameter}'"):
+            make_controller(r.context, **overrides)
+
+
+def test_corrupt_policy_file_is_refused_at_startup(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK garbage")
+    with rig() as r:
+        with pytest.raises(ParameterError, match="bad.npz"):
+            make_controller(r.context, policy=str(bad))
