@@ -1,0 +1,78 @@
+"""End-to-end: tiny MC-PILCO trainings (config/train_tiny.yaml), resume, run directory, CLI."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mcpilco_core import cli
+from mcpilco_core.learner import Learner, load_train_config
+from mcpilco_core.policy import import_realaigym, load_policy
+from mcpilco_core.runs import RunDirectory, RunError, train
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "config" / "train_tiny.yaml"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_tiny_training_writes_run_directory_and_cost_decreases(tmp_path):
+    config = load_train_config(TINY, "pendubot")
+    records = train(config, tmp_path / "run")
+    assert [r.index for r in records] == [0, 1]
+    cost = np.asarray(records[1].optimization.cost)
+    assert cost[-5:].mean() < cost[:5].mean()
+    root = tmp_path / "run"
+    for name in ("run.json", "train_config.yaml", "robot_config.yaml", "log.txt", "policy.npz",
+                 "learning_curves.png", "trials/trial_000/data.npz", "trials/trial_001/model.npz",
+                 "trials/trial_001/policy.npz", "trials/trial_001/optimization.npz"):
+        assert (root / name).is_file(), name
+    meta = json.loads((root / "run.json").read_text())
+    policy = load_policy(root / "policy.npz", robot="pendubot")
+    assert policy.metadata["run_id"] == meta["run_id"] and policy.metadata["config_hash"] == meta["config_hash"]
+    assert "trial 1 complete" in (root / "log.txt").read_text()
+    data = np.load(root / "trials/trial_001/data.npz")
+    assert np.all(data["u"][:, 1] == 0.0)  # the passive joint never gets torque
+    with pytest.raises(RunError, match="--resume"):
+        train(config, root)
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, monkeypatch):
+    config = replace(load_train_config(TINY, "pendubot"), trials=3)
+    full = train(config, tmp_path / "full")
+
+    original = Learner.learning_trial
+
+    def interrupted(self, k):
+        if k == 2:
+            raise KeyboardInterrupt
+        return original(self, k)
+
+    monkeypatch.setattr(Learner, "learning_trial", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "cut")
+    assert RunDirectory(tmp_path / "cut").completed_trials() == [0, 1]
+    monkeypatch.setattr(Learner, "learning_trial", original)
+    resumed = train(config, tmp_path / "cut", resume=True)
+    assert [r.index for r in resumed] == [0, 1, 2]
+    a, b = full[-1].policy, resumed[-1].policy
+    for name in ("centers", "log_lengthscales", "weights"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.testing.assert_array_equal(full[-1].trajectory.x, resumed[-1].trajectory.x)
+    assert full[-1].optimization.cost == resumed[-1].optimization.cost
+
+
+def test_cli_train_and_export(tmp_path):
+    out = tmp_path / "cli_run"
+    assert cli.main(["train", "--robot", "pendubot", "--config", str(TINY), "--out", str(out)]) == 0
+    assert cli.main(["train", "--robot", "pendubot", "--config", str(TINY), "--out", str(out), "--resume"]) == 0
+    assert cli.main(["train", "--robot", "pendubot", "--config", str(TINY), "--out", str(out)]) == 2
+    assert cli.main(["train", "--robot", "acrobot", "--config", str(TINY), "--out", str(tmp_path / "x")]) == 2
+    target = tmp_path / "policy.np"
+    assert cli.main(["export", str(out / "policy.npz"), "--realaigym", str(target)]) == 0
+    exported = import_realaigym(target, "pendubot")
+    original = load_policy(out / "policy.npz")
+    x = np.random.default_rng(0).normal(size=(20, 4))
+    np.testing.assert_array_equal(exported(x), original(x))
