@@ -12,7 +12,7 @@ Two clocks:
   publishes the new state stamped with the ROS clock. What a real robot does, including its latency.
 - ``lockstep``: deterministic. State k is stamped with simulated time k * control_period; the simulation
   advances exactly one step when the command answering state k arrives (matched by stamp). Before the first
-  answer it re-publishes state 0 (so a late controller still sees it); afterwards, no answer within
+  answer it re-publishes state 0 every 50 ms (so a late controller still sees it); afterwards, no answer within
   ``lockstep_timeout`` s of wall time steps with zero torque (counted). With the protocol enabled this is
   the same computation as ``mcpilco evaluate`` (``mcpilco_core.evaluation``), only over ROS.
 
@@ -61,6 +61,7 @@ from ._ros_utils import (
 
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
+WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes state 0 this often until a controller answers
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
@@ -143,7 +144,8 @@ class SimDriverNode(Node):
         if self.mode == "realtime":
             self.create_timer(self.dt, self._tick)
         else:
-            self.create_timer(max(0.001, self.lockstep_timeout / 2.0), self._lockstep_watch)
+            self.create_timer(max(0.001, min(self.lockstep_timeout, WAITING_REPUBLISH_PERIOD) / 2.0),
+                              self._lockstep_watch)
         self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         protocol = f"protocol seed {self.seed}" if self.perturbation else "no disturbances"
         self.get_logger().info(f"{self.config.robot} ({self.config.plant.name}), {self.mode}, dt {self.dt} s, "
@@ -198,7 +200,8 @@ class SimDriverNode(Node):
 
     def _lockstep_watch(self) -> None:
         """Lockstep: re-publish state 0 until a controller answers; afterwards step on answer timeouts."""
-        if self.finished or time.monotonic() - self._last_publish <= self.lockstep_timeout:
+        waited = time.monotonic() - self._last_publish
+        if self.finished or waited <= (self.lockstep_timeout if self.started else WAITING_REPUBLISH_PERIOD):
             return
         if self.started:
             self.counters["lockstep_timeouts"] += 1

@@ -1,0 +1,93 @@
+"""The console scripts as separate processes with ``--ros-args --params-file`` (what the launch files
+start): the simulated robot balanced by the controller, refusal of bad parameter files, and the lockstep
+protocol run that must reproduce ``mcpilco evaluate`` exactly."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("rclpy")
+from _ros_helpers import CONFIG, Peer, console_script, level, node_process, rig, ros_env, status_values, wait_for  # noqa: E402
+from std_srvs.srv import SetBool, Trigger  # noqa: E402
+
+from mcpilco_core.config import load_robot_config  # noqa: E402
+from mcpilco_core.control import build_controller  # noqa: E402
+from mcpilco_core.evaluation import evaluate_seed  # noqa: E402
+from mcpilco_ros._ros_utils import OK, stamp_ns  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def params_file(path, sections: dict) -> str:
+    path.write_text(yaml.safe_dump({n: {"ros__parameters": v} for n, v in sections.items()}), encoding="utf-8")
+    return path
+
+
+def test_controller_balances_the_simulated_robot_across_processes(tmp_path):
+    overrides = params_file(tmp_path / "o.yaml", {
+        # upright at rest: it stays there (slowly diverging) until the controller, armed by the test, holds it
+        "sim_driver_node": {"initial_state": [math.pi, 0.0, 0.0, 0.0], "diagnostics_period": 0.2},
+        "controller_node": {"diagnostics_period": 0.2}})
+    robot = CONFIG / "pendubot.yaml"
+    with node_process("sim_driver_node", robot, overrides, log=tmp_path / "sim.log"), \
+            node_process("controller_node", robot, overrides, log=tmp_path / "controller.log"), rig() as r:
+        observer = r.add(Peer(r.context, "unused_topic", "joint_states", name="observer"))
+        commands = r.add(Peer(r.context, "unused_topic2", "joint_commands", name="command_observer"))
+        enable = observer.create_client(SetBool, "/controller_node/enable")
+        stop = observer.create_client(Trigger, "/sim_driver_node/stop")
+        r.start()
+        wait_for(lambda: len(observer.received) > 10, 20, "joint_states from the simulated robot")
+        assert r.call(enable, SetBool.Request(data=True), timeout=20).success
+        wait_for(lambda: len(commands.received) > 500, 20, "500 commands")
+        state_stamps = {stamp_ns(m) for m in observer.received}
+        assert all(stamp_ns(c) in state_stamps for c in commands.received[-100:])  # each answers a state
+        assert all(c.effort[1] == 0.0 for c in commands.received)
+        last = observer.received[-1]
+        assert abs(last.position[0] - math.pi) < 0.05 and abs(last.position[1]) < 0.05   # balanced upright
+        wait_for(lambda: (st := observer.last_status("controller")) is not None and level(st) == OK
+                 and status_values(st)["mode"] == "lqr", 10, "controller diagnostics: lqr, OK")
+        wait_for(lambda: observer.last_status("simulated robot") is not None, 10, "simulated robot diagnostics")
+        assert r.call(stop, Trigger.Request()).success
+        count = len(observer.received)
+        wait_for(lambda: len(observer.received) > count + 20, 10, "states after stop")
+        assert tuple(observer.received[-1].effort) == (0.0, 0.0)
+
+
+def test_bad_parameter_file_exits_with_the_reason(tmp_path):
+    bad = params_file(tmp_path / "bad.yaml", {"controller_node": {"watchdog_timeout": -1.0}})
+    for name in ("controller_node", "sim_driver_node"):
+        cmd = console_script(name) + ["--ros-args", "--params-file", str(CONFIG / "pendubot.yaml"),
+                                      "--params-file", str(params_file(tmp_path / "t.yaml", {"/**": {
+                                          "torque_limit": 2.0, "u_max": 3.0}}))]
+        done = subprocess.run(cmd, env=ros_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "refusing to start" in done.stderr and "u_max" in done.stderr
+    done = subprocess.run(console_script("controller_node") + ["--ros-args", "--params-file", str(bad)],
+                          env=ros_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "watchdog_timeout" in done.stderr, done.stderr
+
+
+def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path):
+    """Seed 3, 6 s (the first disturbance falls in 2.75-4.75 s): same states to the last bit."""
+    record = tmp_path / "run.npz"
+    overrides = params_file(tmp_path / "o.yaml", {
+        "controller_node": {"arm_on_start": True, "watchdog_timeout": 2.0},
+        "sim_driver_node": {"mode": "lockstep", "lockstep_timeout": 2.0, "protocol": {"enabled": True, "seed": 3},
+                            "duration": 6.0, "record_file": str(record), "exit_when_done": True}})
+    robot = CONFIG / "pendubot.yaml"
+    with node_process("controller_node", robot, overrides, log=tmp_path / "controller.log"), \
+            node_process("sim_driver_node", robot, overrides, log=tmp_path / "sim.log") as sim:
+        assert sim.wait(timeout=60) == 0, (tmp_path / "sim.log").read_text()
+    data = np.load(record)
+    config = load_robot_config(robot)
+    reference = evaluate_seed(build_controller(config), config, 3, duration=6.0)
+    assert int(data["lockstep_timeouts"]) == 0
+    assert len(reference.windows) == 1 and np.allclose(data["windows"], reference.windows)
+    np.testing.assert_array_equal(data["x"], reference.trajectory.x)
+    np.testing.assert_array_equal(data["mode"], reference.trajectory.mode)
+    assert float(data["score"]) == reference.score
