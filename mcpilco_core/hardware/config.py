@@ -82,6 +82,7 @@ class DriverConfig:
     watchdog_timeout: float = 0.05     # s, moteus firmware watchdog sent with every torque command
     damping_gain: float = 0.5          # N m s/rad on the actuated joint after a limit violation
     damping_duration: float = 1.0      # s of damping before both motors are stopped
+    diagnostics_period: float = 0.5    # s between diagnostics messages
     source: str | None = None
 
     @property
@@ -143,7 +144,7 @@ def driver_config_from_mapping(params: Mapping[str, Any], source: str | Path | N
     """Validate a nested parameter mapping into a :class:`DriverConfig` (errors name ``source``)."""
     reader = _Reader(params, source)
     known = ["robot", "joints", "transport", "rate", "command_timeout", "watchdog_timeout",
-             "damping_gain", "damping_duration", "use_sim_time"]
+             "damping_gain", "damping_duration", "diagnostics_period", "use_sim_time"]
     reader.reject_unknown(known)
     robot = reader.string("robot", choices=ROBOTS)
     joints_reader = reader.sub("joints", required=True)
@@ -162,6 +163,7 @@ def driver_config_from_mapping(params: Mapping[str, Any], source: str | Path | N
         rate=rate, command_timeout=command_timeout, watchdog_timeout=watchdog,
         damping_gain=reader.number("damping_gain", 0.5, nonnegative=True),
         damping_duration=reader.number("damping_duration", 1.0, nonnegative=True),
+        diagnostics_period=reader.number("diagnostics_period", 0.5, positive=True),
         source=str(source) if source is not None else None,
     )
 

@@ -318,12 +318,15 @@ class PendulumRig:
 
     The passive joint's motor torque is applied through ``passive_torque_limit`` (0 = the real mechanism:
     the passive joint has no usable actuator); ``passive_torque_peak`` records what it was asked for.
+    ``hold`` keeps the pendulum still (an operator's hand) until the actuated motor first applies torque, so
+    slow-starting processes find it where it was put.
     """
 
     def __init__(self, plant: Any, config: DriverConfig, motors: Sequence[EmulatedMotor],
                  x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), dt: float = 0.001,
-                 passive_torque_limit: float = 0.0) -> None:
+                 passive_torque_limit: float = 0.0, hold: bool = False) -> None:
         self.plant, self.config, self.motors, self.dt = plant, config, list(motors), dt
+        self.hold = hold
         self.x: tuple[float, float, float, float] = tuple(float(v) for v in x0)  # type: ignore[assignment]
         self.t: float | None = None
         self.passive_torque_limit = passive_torque_limit
@@ -346,9 +349,10 @@ class PendulumRig:
 
     def advance(self, now: float) -> None:
         """Integrate up to ``now`` (s, monotonic) in steps of dt with the torque held over each step."""
-        if self.t is None:
+        if self.t is None or (self.hold and self.motors[self.config.actuated_joint].torque == 0.0):
             self.t = now
             return
+        self.hold = False
         steps = int((now - self.t) / self.dt)
         if steps > 2000:   # the process stalled: do not try to catch up more than 2000 steps
             self.t = now - 2000 * self.dt
@@ -414,10 +418,10 @@ class EmulatedBus:
 
 
 def robot_bus(config: DriverConfig, plant: Any = None, x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0),
-              params: MotorParams | None = None, dt: float = 0.001) -> EmulatedBus:
+              params: MotorParams | None = None, dt: float = 0.001, hold: bool = False) -> EmulatedBus:
     """Emulated controllers with the CAN ids of ``config``, coupled to ``plant`` when given."""
     motors = [EmulatedMotor(j.can_id, params) for j in config.joints]
-    rig = PendulumRig(plant, config, motors, x0, dt) if plant is not None else None
+    rig = PendulumRig(plant, config, motors, x0, dt, hold=hold) if plant is not None else None
     return EmulatedBus(motors, rig)
 
 
@@ -624,11 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-config", required=True, help="moteus driver params file (CAN ids, mapping)")
     parser.add_argument("--robot-config", help="robot params file: couple the motors to its plant")
     parser.add_argument("--x0", type=float, nargs=4, default=(0.0, 0.0, 0.0, 0.0), help="initial state")
+    parser.add_argument("--hold", action="store_true", help="hold the pendulum until the first torque")
     parser.add_argument("--duration", type=float, default=math.inf, help="s to serve (default: until killed)")
     args = parser.parse_args(argv)
     config = load_driver_config(args.driver_config)
     plant = DoublePendulum.from_yaml(args.robot_config) if args.robot_config else None
-    with FdcanusbPtyEmulator(robot_bus(config, plant, args.x0)) as emulator:
+    with FdcanusbPtyEmulator(robot_bus(config, plant, args.x0, hold=args.hold)) as emulator:
         print(emulator.path, flush=True)
         end = time.monotonic() + args.duration
         try:
