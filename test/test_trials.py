@@ -1,0 +1,326 @@
+"""Trial bags: recording, metadata, crash recovery, corrupt bags, resampling, robot checks (no ROS needed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from rosbags.rosbag2 import Reader, StoragePlugin, Writer
+from rosbags.typesys import Stores, get_typestore
+
+from mcpilco_core import trials
+from mcpilco_core.model import transitions_from_trajectory
+
+TS = get_typestore(Stores.ROS2_JAZZY)
+JS = TS.types["sensor_msgs/msg/JointState"]
+HEADER = TS.types["std_msgs/msg/Header"]
+TIME = TS.types["builtin_interfaces/msg/Time"]
+T0 = 1_700_000_000_000_000_000  # ns
+DT_NS = 2_000_000                # 500 Hz
+
+
+def joint_state(ns: int, q=(), dq=(), effort=(), frame: str = "", names=("shoulder", "elbow")) -> bytes:
+    msg = JS(header=HEADER(stamp=TIME(sec=ns // 10**9, nanosec=ns % 10**9), frame_id=frame), name=list(names),
+             position=np.asarray(q, float), velocity=np.asarray(dq, float), effort=np.asarray(effort, float))
+    return bytes(TS.serialize_cdr(msg, trials.JOINT_STATE_TYPE))
+
+
+def write_stream(recorder, x: np.ndarray, applied: np.ndarray, commands: np.ndarray, modes, start: int = T0):
+    """States x[k] at T0 + k*2 ms with effort applied[k] (torque over the step ending there), commands[k]
+    answering state k."""
+    for k in range(len(x)):
+        ns = start + k * DT_NS
+        recorder.write(trials.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], applied[k]), ns)
+        if k < len(commands):
+            recorder.write(trials.COMMAND_TOPIC, joint_state(ns, effort=commands[k], frame=modes[k]), ns + 1000)
+
+
+def simple_trial(n: int = 501, torque: float = 0.5):
+    x = np.zeros((n, 4))
+    x[:, 0] = np.arange(n) * 0.001
+    x[:, 2] = 0.5
+    applied = np.zeros((n, 2))
+    applied[1:, 0] = torque
+    commands = np.zeros((n - 1, 2))
+    commands[:, 0] = torque
+    return x, applied, commands, ["policy"] * (n - 1)
+
+
+def record_session(root: Path, config, trials_count: int = 1, **kwargs) -> trials.Session:
+    session = trials.Session.create(root, config)
+    for _ in range(trials_count):
+        recorder = session.start_trial("v1", **kwargs)
+        write_stream(recorder, *simple_trial())
+        session.finish_trial(recorder)
+    return session
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_round_trip_100k_messages(tmp_path, pendubot_config):
+    """100k JointState messages (50k states + 50k commands, 100 s at 500 Hz): write and read times."""
+    n = 50_000
+    messages = []
+    for k in range(n):
+        ns = T0 + k * DT_NS
+        messages.append((trials.STATE_TOPIC, joint_state(ns, (1e-3 * k, 0.0), (0.5, 0.0), (0.25, 0.0)), ns))
+        messages.append((trials.COMMAND_TOPIC, joint_state(ns, effort=(0.25, 0.0), frame="policy"), ns))
+    start = time.perf_counter()
+    recorder = trials.TrialRecorder(tmp_path / "bag")
+    for topic, data, ns in messages:
+        recorder.write(topic, data, ns)
+    recorder.close()
+    write_s = time.perf_counter() - start
+    start = time.perf_counter()
+    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    read_s = time.perf_counter() - start
+    print(f"\n100k messages: write {write_s:.2f} s, read + resample {read_s:.2f} s")
+    assert recorder.counts == {"joint_states": n, "joint_commands": n, "diagnostics": 0}
+    assert len(trial) == int((n - 1) * 0.002 / 0.02)
+    np.testing.assert_allclose(trial.x[:, 0], trial.t * 0.5, atol=1e-9)
+    np.testing.assert_allclose(trial.u[:, 0], 0.25)
+    assert trial.valid.all() and set(trial.mode) == {"policy"}
+    assert write_s < 20 and read_s < 40  # generous: 2 shared cores; benchmarks/bench_bags.py measures
+
+
+@pytest.mark.parametrize("storage,version", [("mcap", 9), ("mcap", 8), ("sqlite3", 9), ("sqlite3", 8)])
+def test_metadata_as_rosbag2_tools_expect(tmp_path, storage, version):
+    recorder = trials.TrialRecorder(tmp_path / "bag", storage=storage, version=version,
+                                    custom_data={"robot": "pendubot"})
+    write_stream(recorder, *simple_trial(11))
+    final = recorder.close()
+    assert final == tmp_path / "bag" and not (tmp_path / "bag.partial").exists()
+    info = yaml.safe_load((final / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+    assert info["version"] == version
+    assert info["storage_identifier"] == storage
+    for name in info["relative_file_paths"]:
+        assert (final / name).is_file()
+    assert info["message_count"] == 21
+    assert {"duration", "starting_time", "files", "compression_format", "compression_mode"} <= set(info)
+    topics = {t["topic_metadata"]["name"]: t for t in info["topics_with_message_count"]}
+    assert topics["joint_states"]["message_count"] == 11 and topics["joint_commands"]["message_count"] == 10
+    meta = topics["joint_states"]["topic_metadata"]
+    assert meta["type"] == "sensor_msgs/msg/JointState" and meta["serialization_format"] == "cdr"
+    if version == 9:
+        assert meta["type_description_hash"].startswith("RIHS01_")
+    assert info["custom_data"]["mcpilco.robot"] == "pendubot"
+    with Reader(final) as reader:
+        assert reader.message_count == 21
+
+
+def test_recorder_never_overwrites(tmp_path):
+    trials.TrialRecorder(tmp_path / "bag").close()
+    with pytest.raises(trials.TrialError, match="exists already"):
+        trials.TrialRecorder(tmp_path / "bag")
+
+
+def test_session_yaml_lists_trials(tmp_path, pendubot_config):
+    session = record_session(tmp_path / "s", pendubot_config, trials_count=2)
+    info = yaml.safe_load((tmp_path / "s" / "session.yaml").read_text())
+    assert info["robot"] == "pendubot" and info["config"]["fingerprint"] == pendubot_config.fingerprint()
+    assert [t["bag"] for t in info["trials"]] == ["trial_000", "trial_001"]
+    assert all(t["status"] == "complete" and t["policy_version"] == "v1" for t in info["trials"])
+    assert info["trials"][0]["messages"]["joint_states"] == 501
+    assert session.bags() == [tmp_path / "s" / "trial_000", tmp_path / "s" / "trial_001"]
+
+
+CRASH_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[3])
+    from test_trials import joint_state, T0, DT_NS
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core import trials
+    session = trials.Session.create(Path(sys.argv[1]), load_robot_config(sys.argv[4]))
+    recorder = session.start_trial("v2", storage=sys.argv[2], flush_period=0.02)
+    k = 0
+    while True:
+        ns = T0 + k * DT_NS
+        recorder.write("joint_states", joint_state(ns, (1e-3 * k, 0.0), (0.5, 0.0), (0.5, 0.0)), ns)
+        recorder.write("joint_commands", joint_state(ns, effort=(0.5, 0.0), frame="policy"), ns)
+        k += 1
+        if k == 1000:
+            recorder.flush()
+            print("flushed", flush=True)
+        if k % 50 == 0:
+            time.sleep(0.001)
+""")
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_crash_mid_trial_is_recoverable(tmp_path, pendubot_config, repo, storage):
+    """SIGKILL the recorder mid-trial: trial 0 stays intact, trial 1 is detected and salvaged."""
+    root = tmp_path / "s"
+    record_session(root, pendubot_config)
+    proc = subprocess.Popen([sys.executable, "-c", CRASH_SCRIPT, str(root), storage, str(repo / "test"),
+                             str(repo / "config" / "pendubot.yaml")], stdout=subprocess.PIPE, text=True,
+                            cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        assert proc.stdout.readline().strip() == "flushed"
+        time.sleep(0.05)  # let it write past the flush: the kill lands mid-chunk
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    session = trials.Session.open(root)
+    assert session.partial_bags() == [root / "trial_001.partial"]
+    loaded = trials.load_sessions([root], pendubot_config)
+    assert len(loaded.trials) == 1 and "partial bag" in loaded.problems[0].reason
+    assert trials.recover_session(root) == [root / "trial_001"]
+    assert (root / "trial_001.crashed").is_dir()  # the original files are kept
+    entry = trials.Session.open(root).info["trials"][1]
+    assert entry["status"] == "recovered" and entry["messages"]["joint_states"] >= 1000
+    loaded = trials.load_sessions([root], pendubot_config)
+    assert loaded.problems == [] and len(loaded.trials) == 2
+    assert len(loaded.trials[1]) >= 1000 * 0.002 / 0.02 - 1
+    np.testing.assert_allclose(loaded.trials[1].u[:, 0], 0.5)
+
+
+def _bag_without_commands(path: Path) -> None:
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        conn = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
+        for k in range(20):
+            writer.write(conn, T0 + k * DT_NS, joint_state(T0 + k * DT_NS, (0, 0), (0, 0), (0, 0)))
+
+
+def test_corrupt_truncated_and_incomplete_bags_are_skipped(tmp_path, pendubot_config):
+    root = tmp_path / "s"
+    record_session(root, pendubot_config, trials_count=4)
+    truncated = next((root / "trial_001").glob("*.mcap"))
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    garbage = next((root / "trial_002").glob("*.mcap"))
+    garbage.write_bytes(b"not a bag at all" * 100)
+    (root / "trial_003" / "metadata.yaml").write_text("rosbag2_bagfile_information: [unclosed")
+    _bag_without_commands(root / "trial_004")
+    (root / "trial_005").mkdir()
+    (root / "trial_005" / "trial_005.mcap").write_bytes(b"")
+    result = trials.load_sessions([root, tmp_path / "missing"], pendubot_config)
+    assert [Path(t.source).name for t in result.trials] == ["trial_000"]
+    reasons = {Path(p.path).name: p.reason for p in result.problems}
+    assert set(reasons) == {"trial_001", "trial_002", "trial_003", "trial_004", "trial_005", "missing"}
+    assert "unreadable" in reasons["trial_001"] and "unreadable" in reasons["trial_002"]
+    assert "missing topic" in reasons["trial_004"] and "joint_commands" in reasons["trial_004"]
+    assert "metadata.yaml" in reasons["trial_005"]
+    assert all(p.path in str(p) for p in result.problems)
+
+
+def test_resampling_averages_the_applied_torque(tmp_path, pendubot_config):
+    """Torque = time-average of what the driver applied (not the command); gaps and passive torque invalidate."""
+    n = 301  # 0.6 s at 500 Hz -> 30 intervals of 20 ms
+    x = np.zeros((n, 4))
+    x[:, 0] = np.arange(n) * 0.002 * 2.0     # q1 = 2 t
+    x[:, 2] = 2.0
+    applied = np.zeros((n, 2))
+    applied[1:, 0] = np.where((np.arange(1, n) - 1) % 10 < 5, 1.0, 3.0)  # 1 N m then 3 N m in each interval
+    applied[121:131, 1] = 2.0                # the disturbance PID pushed the passive joint in interval 12
+    commands = np.full((n - 1, 2), [9.0, 0.0])  # asked 9 N m: the driver clipped it; the bag keeps the truth
+    modes = ["policy"] * 100 + ["lqr"] * (n - 101)
+    recorder = trials.TrialRecorder(tmp_path / "bag")
+    keep = np.ones(n, bool)
+    keep[201:209] = False                    # a 18 ms hole in the state stream inside interval 20
+    for k in np.flatnonzero(keep):
+        ns = T0 + int(k) * DT_NS
+        recorder.write("joint_states", joint_state(ns, x[k, :2], x[k, 2:], applied[k]), ns)
+        if k < n - 1:
+            recorder.write("joint_commands", joint_state(ns, effort=commands[k], frame=modes[k]), ns)
+    recorder.close()
+    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    assert len(trial) == 30 and trial.period == 0.02
+    np.testing.assert_allclose(trial.t, np.arange(31) * 0.02, atol=1e-12)
+    np.testing.assert_allclose(trial.x[:, 0], 2.0 * trial.t, atol=1e-12)
+    good = np.ones(30, bool)
+    good[[12, 20]] = False
+    np.testing.assert_allclose(trial.u[good, 0], 2.0, atol=1e-9)
+    assert list(np.flatnonzero(~trial.valid)) == [12, 20]
+    assert trial.mode[4] == "policy" and trial.mode[10] == "lqr"
+    data = trial.transitions(pendubot_config.actuated_joint)
+    assert len(data) == 28 and np.allclose(data.u, 2.0)
+
+
+def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot_config):
+    """A simulated trajectory written as a 500 Hz bag reads back as the learner's own transitions."""
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learner import ExplorationController, run_on_robot
+
+    explore = ExplorationController(pendubot_config, 3.0, np.random.default_rng(1))
+    traj = run_on_robot(pendubot_config, explore, np.zeros(4), 1.0)
+    del build_controller
+    applied = np.vstack([np.zeros((1, 2)), traj.u])
+    recorder = trials.TrialRecorder(tmp_path / "bag")
+    write_stream(recorder, traj.x, applied, traj.u_cmd, ["policy"] * len(traj.u))
+    recorder.close()
+    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    expected = transitions_from_trajectory(traj.t, traj.x, traj.u, 0.02, 0)
+    got = trial.transitions(0)
+    np.testing.assert_allclose(got.x, expected.x, atol=1e-12)
+    np.testing.assert_allclose(got.x_next, expected.x_next, atol=1e-12)
+    np.testing.assert_allclose(got.u, expected.u, atol=1e-9)
+
+
+def test_mismatched_robot_is_refused(tmp_path, pendubot_config, acrobot_config):
+    record_session(tmp_path / "acro", acrobot_config)
+    record_session(tmp_path / "pendu", pendubot_config)
+    result = trials.load_sessions([tmp_path / "acro", tmp_path / "pendu"], pendubot_config)
+    assert len(result.trials) == 1
+    assert "acrobot" in result.problems[0].reason and result.problems[0].path == str(tmp_path / "acro")
+    # a bag without any robot label (ros2 bag record) whose torque is all on the elbow
+    with Writer(tmp_path / "plain", version=8, storage_plugin=StoragePlugin.SQLITE3) as writer:
+        states = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
+        commands = writer.add_connection("joint_commands", trials.JOINT_STATE_TYPE, typestore=TS)
+        for k in range(200):
+            ns = T0 + k * DT_NS
+            writer.write(states, ns, joint_state(ns, (0, 0), (0, 0), (0.0, 1.5)))
+            writer.write(commands, ns, joint_state(ns, effort=(0.0, 1.5), frame="policy"))
+    with pytest.raises(trials.TrialError, match="elbow.*other robot"):
+        trials.load_trial(tmp_path / "plain", pendubot_config)
+    assert len(trials.load_trial(tmp_path / "plain", acrobot_config)) == 19
+
+
+def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
+    """A folder of bags as `ros2 bag record` leaves them (no session.yaml, no custom data, joints reordered,
+    diagnostics present, commands without a mode) loads too."""
+    folder = tmp_path / "bags"
+    folder.mkdir()
+    diag_type = trials.DIAGNOSTICS_TYPE
+    with Writer(folder / "rosbag2_2025_01_01-00_00_00", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        states = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
+        commands = writer.add_connection("joint_commands", trials.JOINT_STATE_TYPE, typestore=TS)
+        diag = writer.add_connection("diagnostics", diag_type, typestore=TS)
+        empty = TS.types[diag_type](header=HEADER(stamp=TIME(sec=0, nanosec=0), frame_id=""), status=[])
+        writer.write(diag, T0, bytes(TS.serialize_cdr(empty, diag_type)))
+        for k in range(100):
+            ns = T0 + k * DT_NS
+            writer.write(states, ns, joint_state(ns, (0.0, 0.1), (0.0, 0.2), (0.0, 0.7), names=("elbow", "shoulder")))
+            writer.write(commands, ns, joint_state(ns, effort=(0.7, 0.0)))
+    result = trials.load_sessions([folder], pendubot_config)
+    assert result.problems == [] and len(result.trials) == 1
+    trial = result.trials[0]
+    np.testing.assert_allclose(trial.x[0], [0.1, 0.0, 0.2, 0.0])
+    np.testing.assert_allclose(trial.u[:, 0], 0.7)
+    assert set(trial.mode) == {trials.UNKNOWN_MODE}
+
+
+def test_fast_joint_state_parser_matches_rosbags():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        names = ["x" * int(rng.integers(0, 9)) for _ in range(int(rng.integers(0, 4)))]
+        arrays = [rng.standard_normal(int(rng.integers(0, 4))) for _ in range(3)]
+        frame = "f" * int(rng.integers(0, 9))
+        data = joint_state(int(rng.integers(0, 2 * 10**18)), arrays[0], arrays[1], arrays[2], frame, names)
+        parsed = trials.parse_joint_state(data)
+        reference = TS.deserialize_cdr(data, trials.JOINT_STATE_TYPE)
+        assert parsed.name == list(reference.name) and parsed.frame_id == reference.header.frame_id
+        for mine, theirs in zip((parsed.position, parsed.velocity, parsed.effort),
+                                (reference.position, reference.velocity, reference.effort)):
+            assert np.array_equal(mine, theirs)
