@@ -1,0 +1,280 @@
+"""Retraining from recorded trials: ``mcpilco retrain`` and the function the trainer node runs in a subprocess.
+
+``mcpilco retrain --sessions DIR [DIR ...] --out runs/NAME [--config config/train_pendubot.yaml] [--warm-start]``
+reads every trial of the given sessions (or folders of ``ros2 bag record`` bags), fits the GP model on all their
+transitions at the policy period, optimises the policy, and exports it as a new versioned file. Bad bags are
+listed with the reason and skipped. The run directory keeps every result::
+
+    runs/NAME/retrain.json                 one entry per retrain: sessions, trials, skipped bags, policy, timings
+    runs/NAME/train_config.yaml            copy of the training configuration (first retrain)
+    runs/NAME/policies/policy_NNN_<version>.npz   exported policies; a file is never overwritten
+    runs/NAME/models/model_NNN.npz         the fitted GP model of retrain NNN (for --warm-start)
+    runs/NAME/log.txt
+
+``--warm-start`` continues from the newest model (GP hyperparameters) and policy in ``--out`` (or ``--policy``).
+The controller node's ``policy`` parameter may name ``runs/NAME/policies``: it loads the newest file there on
+``~/reload_policy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import ROBOTS, ConfigError
+from .policy import PolicyError
+
+LOG = logging.getLogger("mcpilco.retrain")
+MIN_TRANSITIONS = 10
+
+
+class RetrainError(RuntimeError):
+    """Retraining cannot run (no usable trial, a run directory of another robot...); the message says why."""
+
+
+@dataclass
+class RetrainResult:
+    """What one retrain produced: the exported policy file and its content version, and the bookkeeping."""
+
+    index: int
+    policy_path: Path
+    policy_version: str
+    trials: int
+    transitions: int
+    skipped: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    final_cost: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "policy": str(self.policy_path), "policy_version": self.policy_version,
+                "trials": self.trials, "transitions": self.transitions, "skipped": self.skipped,
+                "timings_s": self.timings, "final_model_cost": self.final_cost}
+
+
+# --------------------------------------------------------------------------------------------------
+# The run directory
+
+
+class RetrainDirectory:
+    """``runs/NAME`` of offline / between-trial retraining (see the module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.policies = self.root / "policies"
+        self.models = self.root / "models"
+
+    def history(self) -> list[dict]:
+        path = self.root / "retrain.json"
+        if not path.is_file():
+            return []
+        return json.loads(path.read_text(encoding="utf-8")).get("retrains", [])
+
+    def prepare(self, config) -> None:
+        """Create the folders; refuse a directory that holds another robot's retrains."""
+        history_path = self.root / "retrain.json"
+        if history_path.is_file():
+            robot = json.loads(history_path.read_text(encoding="utf-8")).get("robot")
+            if robot != config.robot.robot:
+                raise RetrainError(f"{self.root}: holds retrains of the {robot}, not the {config.robot.robot}")
+        self.policies.mkdir(parents=True, exist_ok=True)
+        self.models.mkdir(parents=True, exist_ok=True)
+        copy = self.root / "train_config.yaml"
+        if not copy.exists():
+            copy.write_bytes(Path(config.source).read_bytes())
+
+    def append(self, robot: str, result: RetrainResult, extra: dict) -> None:
+        history = self.history() + [{**result.to_dict(), **extra}]
+        tmp = self.root / "retrain.json.tmp"
+        tmp.write_text(json.dumps({"robot": robot, "retrains": history}, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.root / "retrain.json")
+
+    def log(self, message: str) -> None:
+        LOG.info(message)
+        with open(self.root / "log.txt", "a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {message}\n")
+
+    def newest(self, folder: Path, pattern: str) -> Path | None:
+        files = sorted(folder.glob(pattern)) if folder.is_dir() else []
+        return files[-1] if files else None
+
+    def next_index(self) -> int:
+        used = [int(p.name.split("_")[1]) for p in self.policies.glob("policy_*.npz")
+                if p.name.split("_")[1].isdigit()]
+        return max(used + [len(self.history()) - 1], default=-1) + 1
+
+    def export(self, policy, index: int, **metadata) -> Path:
+        """Write ``policies/policy_NNN_<version>.npz`` without ever replacing an existing file."""
+        from .policy import save_policy
+
+        staging = self.policies / f".policy_{index:03d}.staging"
+        save_policy(policy, staging, **metadata)
+        while True:
+            final = self.policies / f"policy_{index:03d}_{policy.version()}.npz"
+            try:
+                os.link(staging, final)   # fails if final exists: never overwrite a policy
+            except FileExistsError:
+                index += 1
+                continue
+            staging.unlink()
+            return final
+
+
+# --------------------------------------------------------------------------------------------------
+# Retraining
+
+
+def optimize_policy_from_data(learner, trial_index: int):
+    """Fit the GP model on ``learner.data`` and optimise ``learner.policy`` (created if None), MC-PILCO step k.
+
+    Integration point with mcpilco_core.learner: this is ``Learner.learning_trial`` without running the new policy
+    on the simulated robot (the robot here is the real one, between trials). Returns (numpy policy,
+    model arrays, OptimizationResult, timings).
+    """
+    from .learner import initial_distribution, trial_generators
+    from .optimizer import optimize_policy
+    from .torch_policy import TorchPolicy
+
+    cfg = learner.config
+    rng, gen = trial_generators(cfg.seed, trial_index)
+    timings = {}
+    start = time.perf_counter()
+    learner.model.fit(learner.data, rng, cfg.device, cfg.torch_dtype)
+    learner.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
+    timings["model_fit"] = time.perf_counter() - start
+    if learner.policy is None:
+        learner.policy = TorchPolicy.random(cfg.num_basis, cfg.robot.u_max, gen, cfg.center_dq_range,
+                                            cfg.torch_dtype).to(cfg.device)
+    dist = initial_distribution(cfg, trial_index, learner.pool)
+    max_steps = cfg.optimizer.max_steps_first if trial_index <= 1 else cfg.optimizer.max_steps
+    result = optimize_policy(learner.policy, learner.model, dist.sampler(cfg.device, cfg.torch_dtype),
+                             cfg.particles, cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen,
+                             cfg.progress, description=f"retrain {trial_index} policy")
+    timings["optimization"] = result.wall_time
+    policy = learner.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
+                                     {"trial": trial_index, "seed": cfg.seed, "source": "retrain"})
+    return policy, learner.model.to_arrays(), result, timings
+
+
+def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = False,
+            policy: Path | None = None, recover: bool = False) -> RetrainResult:
+    """Load every trial of ``sessions``, fit + optimise, export a new versioned policy into ``out``."""
+    from .learner import Learner
+    from .policy import load_policy
+    from .torch_policy import TorchPolicy
+    from .trials import load_sessions, recover_session
+
+    run = RetrainDirectory(out)
+    run.prepare(config)
+    if recover:
+        for session in sessions:
+            if (Path(session) / "session.yaml").is_file():
+                for bag in recover_session(session):
+                    run.log(f"recovered the partial bag {bag}")
+    loaded = load_sessions(sessions, config.robot)
+    skipped = [str(p) for p in loaded.problems]
+    for problem in skipped:
+        run.log(f"skipped {problem}")
+    data = loaded.transitions(config.robot.actuated_joint)
+    if len(data) < MIN_TRANSITIONS:
+        raise RetrainError(f"only {len(data)} usable transitions in {[str(s) for s in sessions]} "
+                           f"({len(loaded.trials)} trial(s), {len(skipped)} skipped)")
+    learner = Learner(config)
+    learner.data = data
+    learner.pool = learner.build_initial_pool()
+    index = run.next_index()
+    model_file = run.newest(run.models, "model_*.npz") if warm_start else None
+    if model_file is not None:
+        with np.load(model_file) as arrays:
+            learner.model.load_arrays({k: arrays[k] for k in arrays.files}, config.device, config.torch_dtype)
+    policy_file = policy or (run.newest(run.policies, "policy_*.npz") if warm_start else None)
+    if policy_file is not None:
+        start_policy = load_policy(policy_file, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+        learner.policy = TorchPolicy.from_numpy(start_policy, config.torch_dtype).to(config.device)
+    trial_index = max(len(loaded.trials), 1)
+    new_policy, model_arrays, opt, timings = optimize_policy_from_data(learner, trial_index)
+    np.savez(run.models / f"model_{index:03d}.npz", **model_arrays)
+    path = run.export(new_policy, index, retrain=index, trials=len(loaded.trials))
+    result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
+                           opt.cost[-1] if opt.cost else None)
+    run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
+                                            "warm_start_model": str(model_file or ""),
+                                            "warm_start_policy": str(policy_file or ""),
+                                            "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    run.log(f"retrain {index}: {len(loaded.trials)} trials, {len(data)} transitions -> {path.name} "
+            f"(version {result.policy_version}); " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+
+
+def default_train_config(robot: str) -> Path:
+    from .paths import config_dir
+
+    return config_dir() / f"train_{robot}.yaml"
+
+
+def _add_retrain(subparsers) -> None:
+    p = subparsers.add_parser("retrain", help="fit the model and optimise the policy from recorded trial bags",
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("--sessions", type=Path, nargs="+", required=True,
+                   help="session directories, folders of bags (ros2 bag record) or single bags")
+    p.add_argument("--out", type=Path, required=True, help="retrain run directory, e.g. runs/pendubot_hw")
+    p.add_argument("--robot", choices=ROBOTS, help="robot (default: the training config's)")
+    p.add_argument("--config", type=Path, help="training YAML (default: the bundled config/train_<robot>.yaml)")
+    p.add_argument("--warm-start", action="store_true", help="start from the newest model and policy in --out")
+    p.add_argument("--policy", type=Path, help="start the optimisation from this policy file")
+    p.add_argument("--recover", action="store_true", help="salvage partial bags left by a crash first")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line (for the trainer node)")
+    p.set_defaults(func=_run_retrain)
+
+
+def _run_retrain(args: argparse.Namespace) -> int:
+    from .learner import load_train_config
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    config_path = args.config or default_train_config(args.robot or "pendubot")
+    config = load_train_config(config_path, args.robot)
+    try:
+        result = retrain(config, args.sessions, args.out, args.warm_start, args.policy, args.recover)
+    except RetrainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict()), flush=True)
+    else:
+        for problem in result.skipped:
+            print(f"skipped {problem}")
+        print(f"retrain {result.index}: {result.trials} trials, {result.transitions} transitions -> "
+              f"{result.policy_path} (version {result.policy_version})")
+    return 0
+
+
+def register(subparsers) -> None:
+    """``mcpilco retrain`` (for mcpilco_core.cli's COMMAND_MODULES)."""
+    _add_retrain(subparsers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mcpilco_core.session_cli retrain ...`` (what the trainer node's subprocess runs)."""
+    parser = argparse.ArgumentParser(prog="python -m mcpilco_core.session_cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, PolicyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
