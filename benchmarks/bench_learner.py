@@ -1,0 +1,152 @@
+"""Speed and memory of the MC-PILCO learner (not a test: prints numbers for the README / docs/learner.md).
+
+    python benchmarks/bench_learner.py                      # grid + whole trial (a few minutes)
+    python benchmarks/bench_learner.py --grid-only --steps 3
+    python benchmarks/bench_learner.py --single 400 300 --backward bfloat16   # one point, JSON line
+
+Each grid point runs in its own process so its peak resident memory (ru_maxrss) is its own. Time per
+step = one policy-optimisation step (rollout of P particles x H steps, backward, Adam), median of
+``--steps`` timed steps after one warm-up. The GP posterior is built on random inputs of the given size
+(speed depends on sizes only). The whole trial = model fit on real simulator data (1500 Adam steps on
+600 points, SoD to 300 per joint) + the measured step time x the step cap (extrapolated; said so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mcpilco_core.config import load_robot_config  # noqa: E402
+from mcpilco_core.cost import CostSettings, trajectory_cost  # noqa: E402
+from mcpilco_core.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
+from mcpilco_core.model import DynamicsModel, TransitionData, rollout  # noqa: E402
+from mcpilco_core.torch_policy import TorchPolicy  # noqa: E402
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def synthetic_model(gp_size: int, backward: str, seed: int = 0) -> DynamicsModel:
+    model = DynamicsModel(load_robot_config(REPO / "config" / "pendubot.yaml"))
+    rng = np.random.default_rng(seed)
+    n = 2 * gp_size
+    x = np.concatenate([rng.uniform(-np.pi, np.pi, (n, 2)), rng.normal(0, 5, (n, 2))], 1)
+    u = rng.uniform(-3, 3, n)
+    inputs = model.gp_inputs(x, u)
+    targets = 0.05 * rng.normal(size=(n, 2))
+    hyper = GPHyperparameters.initial(inputs, targets)
+    model.hyper, model.subsets = hyper, [np.arange(gp_size), np.arange(gp_size, n)]
+    model.posterior = build_posterior(hyper, inputs, targets, model.subsets)
+    model.posterior.set_backward_precision(backward)
+    return model
+
+
+def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward: str) -> dict:
+    """Median wall time of one optimisation step (s) and this process's peak RSS (MB)."""
+    model = synthetic_model(gp_size, backward)
+    gen = torch.Generator().manual_seed(0)
+    policy = TorchPolicy.random(200, 3.0, gen)
+    opt = torch.optim.Adam(policy.parameters(), lr=0.01)
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        policy.set_dropout(0.25, gen)
+        opt.zero_grad()
+        x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
+        loss = trajectory_cost(rollout(model, policy, x0, horizon, gen), CostSettings())
+        loss.backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - start)
+    return {"particles": particles, "gp_size": gp_size, "horizon": horizon, "backward": backward,
+            "step_s": float(np.median(times)), "step_min_s": float(np.min(times)), "peak_rss_mb": peak_rss_mb()}
+
+
+def trial_fit_time() -> dict:
+    """Model fit on simulator data: 600 transitions of random torques, 1500 Adam steps, SoD to 300."""
+    from mcpilco_core.learner import ExplorationController, run_on_robot
+
+    config = load_robot_config(REPO / "config" / "pendubot.yaml")
+    rng = np.random.default_rng(0)
+    model = DynamicsModel(config, GPSettings())
+    data = TransitionData.empty()
+    from mcpilco_core.model import transitions_from_trajectory
+
+    start = time.perf_counter()
+    for _ in range(4):
+        x0 = rng.uniform(-1, 1, 4) * [np.pi, np.pi, 1, 1]
+        traj = run_on_robot(config, ExplorationController(config, 3.0, rng), x0, 3.0)
+        data = data.concat(transitions_from_trajectory(traj.t, traj.x, traj.u, 0.02, config.actuated_joint))
+    robot = time.perf_counter() - start
+    start = time.perf_counter()
+    model.fit(data, rng)
+    return {"transitions": len(data), "fit_s": time.perf_counter() - start, "robot_12s_s": robot,
+            "sod_sizes": [len(s) for s in model.subsets]}
+
+
+def run_single(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    print(json.dumps(time_steps(args.single[0], args.single[1], args.horizon, args.steps, args.backward)))
+
+
+def run_grid(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    points = [(p, n, b) for p in args.particles for n in args.gp_sizes for b in args.backwards]
+    for particles, gp_size, backward in points:
+        cmd = [sys.executable, __file__, "--single", str(particles), str(gp_size), "--backward", backward,
+               "--steps", str(args.steps), "--horizon", str(args.horizon), "--threads", str(args.threads)]
+        output = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        row = json.loads(output.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"P={particles:4d}  GP={gp_size:4d}/joint  H={args.horizon}  backward={backward:8s}  "
+              f"step {row['step_s']:.3f} s (min {row['step_min_s']:.3f})  peak RSS {row['peak_rss_mb']:.0f} MB",
+              flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--single", type=int, nargs=2, metavar=("PARTICLES", "GP_SIZE"))
+    parser.add_argument("--particles", type=int, nargs="+", default=[100, 200, 400])
+    parser.add_argument("--gp-sizes", type=int, nargs="+", default=[100, 300, 600])
+    parser.add_argument("--backwards", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--backward", default="bfloat16")
+    parser.add_argument("--horizon", type=int, default=150, help="rollout steps (150 = 3 s at 50 Hz)")
+    parser.add_argument("--steps", type=int, default=5, help="timed optimisation steps per point")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grid-only", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.single:
+        run_single(args)
+        return
+    torch.set_num_threads(args.threads)
+    rows = run_grid(args)
+    result = {"grid": rows, "threads": args.threads}
+    if not args.grid_only:
+        fit = trial_fit_time()
+        target = [r for r in rows if r["particles"] == 400 and r["gp_size"] == 300 and r["backward"] == args.backward]
+        step = target[0]["step_s"] if target else float("nan")
+        fit["trial_estimate_s"] = {str(n): fit["fit_s"] + n * step for n in (2000, 4000)}
+        result["trial"] = fit
+        print(f"model fit on {fit['transitions']} transitions: {fit['fit_s']:.1f} s (SoD {fit['sod_sizes']}); "
+              f"whole trial at 400x150x300 ~ {fit['trial_estimate_s']['2000']:.0f} s (2000 steps), "
+              f"{fit['trial_estimate_s']['4000']:.0f} s (4000 steps) [step time x cap, extrapolated]")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
