@@ -1,0 +1,330 @@
+"""trainer_node: records hardware trials into rosbag2 bags and retrains the policy between trials.
+
+- ``~/start_trial`` / ``~/stop_trial`` (std_srvs/Trigger): record ``joint_states``, ``joint_commands`` (whose
+  ``header.frame_id`` is the controller's mode) and ``diagnostics`` into ``session_dir/trial_NNN`` -- raw CDR
+  straight from the subscriptions, through :mod:`mcpilco_core.trials` (temporary name, renamed when closed,
+  flushed every ``flush_period`` s). ``trial_duration`` > 0 stops a trial by itself after that many seconds.
+- ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.session_cli retrain`` on
+  the session in a **separate, niced process** (the control loop's process and its executor are never
+  blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
+  controller's ``policy`` parameter to that file and calls its ``~/reload_policy``.
+- ``diagnostics``: recording state, message counts, retrain state and the last exported policy.
+
+The node never commands torque; the policy version written into each trial is the one the controller reports
+in its diagnostics (``policy_version`` key of the ``controller_node: controller`` status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import Parameter as ParameterMsg
+from rcl_interfaces.msg import ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from rclpy.node import Node
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.serialization import deserialize_message
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+
+from mcpilco_core import trials
+from mcpilco_core.paths import config_dir
+
+from ._ros_utils import (
+    ERROR,
+    OK,
+    ROBOT_PARAMETERS,
+    WARN,
+    ParameterError,
+    ParamSpec,
+    declare,
+    robot_config_from_parameters,
+    run_node,
+    status,
+    warn_unknown_overrides,
+)
+
+NODE_NAME = "trainer_node"
+
+# Recording must not drop messages: reliable, with a queue that covers a slow disk for a moment (500 Hz).
+RECORD_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=500, reliability=ReliabilityPolicy.RELIABLE)
+
+TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("session_dir", "sessions/current", "session directory: one bag per trial + session.yaml"),
+    ParamSpec("extra_sessions", "", "comma-separated earlier session directories that retraining also uses"),
+    ParamSpec("notes", "", "free text stored in session.yaml"),
+    ParamSpec("storage", "mcap", "bag storage: mcap or sqlite3"),
+    ParamSpec("bag_version", 9, "rosbag2 metadata version: 9 (Jazzy and newer) or 8 (readable by Humble)", 8, 9),
+    ParamSpec("trial_duration", 0.0, "s; a trial stops by itself after this long (0 = at ~/stop_trial)",
+              0.0, 86400.0),
+    ParamSpec("flush_period", 1.0, "s; bags are flushed this often: the most a crash can lose", 0.01, 60.0),
+    ParamSpec("record_diagnostics", True, "also record the diagnostics topic"),
+    ParamSpec("retrain_after_trial", False, "start retraining when a trial stops"),
+    ParamSpec("train_config", "", "training YAML; '' = the package's config/train_<robot>.yaml"),
+    ParamSpec("run_dir", "runs/trainer", "retrain run directory (policies/, models/, retrain.json)"),
+    ParamSpec("warm_start", True, "start each retrain from the newest model and policy in run_dir"),
+    ParamSpec("retrain_nice", 10, "niceness of the retraining process (higher = lower priority)", 0, 19),
+    ParamSpec("retrain_threads", 1, "CPU threads of the retraining process", 1, 256),
+    ParamSpec("retrain_timeout", 7200.0, "s before a retraining process is stopped", 1.0, 1e6),
+    ParamSpec("controller", "controller_node", "node whose policy parameter and ~/reload_policy are used "
+              "('' = do not reload)"),
+    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
+)
+
+
+class TrainerNode(Node):
+    """See the module docstring. Raises ParameterError on bad parameters."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        values = declare(self, ROBOT_PARAMETERS)
+        self.p = declare(self, TRAINER_PARAMETERS)
+        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + TRAINER_PARAMETERS])
+        self.config = robot_config_from_parameters(values)
+        if self.p["storage"] not in trials.STORAGES:
+            raise ParameterError(f"parameter 'storage': must be one of {list(trials.STORAGES)}")
+        self.train_config = Path(self.p["train_config"] or config_dir() / f"train_{self.config.robot}.yaml")
+        if not self.train_config.is_file():
+            raise ParameterError(f"parameter 'train_config': {self.train_config}: no such file")
+        try:
+            self.session = trials.Session.create(self.p["session_dir"], self.config, self.p["notes"])
+        except trials.TrialError as exc:
+            raise ParameterError(f"parameter 'session_dir': {exc}") from exc
+        if self.session.partial_bags():
+            recovered = trials.recover_session(self.session.root)
+            self.get_logger().warning(f"recovered partial bag(s) left by a crash: {[str(p) for p in recovered]}")
+        self.recorder: trials.TrialRecorder | None = None
+        self._trial_timer = None
+        self._trial_started = 0.0
+        self.controller_policy_version = "unknown"
+        self.retrain_proc: subprocess.Popen | None = None
+        self._retrain_started = 0.0
+        self._retrain_log: Path | None = None
+        self.retrain_count = 0
+        self.last_retrain = ""
+        self.last_policy = ""
+        self.last_reload = ""
+
+        topics = [trials.STATE_TOPIC, trials.COMMAND_TOPIC]
+        for topic in topics:
+            self.create_subscription(JointState, topic, self._recorder_callback(topic), RECORD_QOS, raw=True)
+        self.create_subscription(DiagnosticArray, "diagnostics", self._on_diagnostics, 50, raw=True)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+        self.create_service(Trigger, "~/start_trial", self._on_start)
+        self.create_service(Trigger, "~/stop_trial", self._on_stop)
+        self.create_service(Trigger, "~/retrain", self._on_retrain)
+        controller = str(self.p["controller"]).strip("/")
+        self.reload_client = self.create_client(Trigger, f"/{controller}/reload_policy") if controller else None
+        self.param_client = self.create_client(SetParameters, f"/{controller}/set_parameters") if controller else None
+        self.create_timer(0.2, self._poll_retrain)
+        self.create_timer(float(self.p["diagnostics_period"]), self.publish_diagnostics)
+        self.get_logger().info(f"{self.config.robot}: session {self.session.root}, run dir {self.p['run_dir']}")
+
+    # ---------------------------------------------------------------- recording
+    def _recorder_callback(self, topic: str):
+        def record(data: bytes) -> None:
+            if self.recorder is not None:
+                self.recorder.write(topic, data, self.get_clock().now().nanoseconds)
+        return record
+
+    def _on_diagnostics(self, data: bytes) -> None:
+        if self.recorder is not None and self.p["record_diagnostics"]:
+            self.recorder.write(trials.DIAGNOSTICS_TOPIC, data, self.get_clock().now().nanoseconds)
+        msg = deserialize_message(data, DiagnosticArray)
+        for st in msg.status:
+            if st.name.startswith("controller_node"):
+                values = {kv.key: kv.value for kv in st.values}
+                self.controller_policy_version = values.get("policy_version", self.controller_policy_version)
+
+    def start_trial(self) -> tuple[bool, str]:
+        if self.recorder is not None:
+            return False, f"already recording {self.recorder.final}"
+        topics = [trials.STATE_TOPIC, trials.COMMAND_TOPIC]
+        if self.p["record_diagnostics"]:
+            topics.append(trials.DIAGNOSTICS_TOPIC)
+        try:
+            self.recorder = self.session.start_trial(self.controller_policy_version, notes=self.p["notes"],
+                                                     storage=self.p["storage"], version=int(self.p["bag_version"]),
+                                                     flush_period=float(self.p["flush_period"]), topics=topics)
+        except (trials.TrialError, OSError) as exc:
+            return False, f"cannot start a trial: {exc}"
+        self._trial_started = time.monotonic()
+        if self.p["trial_duration"] > 0:
+            self._trial_timer = self.create_timer(float(self.p["trial_duration"]), self._on_trial_timeout)
+        return True, f"recording {self.recorder.final} (policy {self.controller_policy_version})"
+
+    def stop_trial(self) -> tuple[bool, str]:
+        if self.recorder is None:
+            return False, "no trial is being recorded"
+        recorder, self.recorder = self.recorder, None
+        if self._trial_timer is not None:
+            self.destroy_timer(self._trial_timer)
+            self._trial_timer = None
+        try:
+            entry = self.session.finish_trial(recorder)
+        except (trials.TrialError, OSError) as exc:
+            return False, f"{recorder.partial}: could not close the bag ({exc}); it stays recoverable"
+        message = f"{recorder.final}: {entry['messages']} in {entry['duration_s']:.1f} s"
+        if self.p["retrain_after_trial"]:
+            message += "; " + self.start_retrain()[1]
+        return True, message
+
+    def _on_trial_timeout(self) -> None:
+        ok, message = self.stop_trial()
+        self.get_logger().info(f"trial_duration reached: {message}")
+
+    def _on_start(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.start_trial()
+        self.get_logger().info(f"start_trial: {response.message}")
+        return response
+
+    def _on_stop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.stop_trial()
+        self.get_logger().info(f"stop_trial: {response.message}")
+        return response
+
+    # ---------------------------------------------------------------- retraining
+    def retrain_command(self) -> list[str]:
+        sessions = [str(self.session.root)] + [s.strip() for s in self.p["extra_sessions"].split(",") if s.strip()]
+        cmd = [sys.executable, "-m", "mcpilco_core.session_cli", "retrain", "--sessions", *sessions,
+               "--out", str(self.p["run_dir"]), "--config", str(self.train_config), "--json"]
+        return cmd + (["--warm-start"] if self.p["warm_start"] else [])
+
+    def start_retrain(self) -> tuple[bool, str]:
+        if self.retrain_proc is not None:
+            return False, f"a retrain is running already (pid {self.retrain_proc.pid})"
+        run_dir = Path(self.p["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._retrain_log = run_dir / f"retrain_{time.strftime('%Y%m%d_%H%M%S')}_{self.retrain_count}.log"
+        threads = str(self.p["retrain_threads"])
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        nice = int(self.p["retrain_nice"])
+        with open(self._retrain_log, "wb") as log:
+            self.retrain_proc = subprocess.Popen(self.retrain_command(), stdout=log, stderr=subprocess.STDOUT,
+                                                 env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        self._retrain_started = time.monotonic()
+        self.retrain_count += 1
+        return True, f"retraining in process {self.retrain_proc.pid} (log {self._retrain_log})"
+
+    def _poll_retrain(self) -> None:
+        proc = self.retrain_proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if time.monotonic() - self._retrain_started > self.p["retrain_timeout"]:
+                proc.kill()
+                proc.wait()
+                self.retrain_proc = None
+                self.last_retrain = f"stopped after retrain_timeout {self.p['retrain_timeout']} s"
+                self.get_logger().error(self.last_retrain)
+            return
+        self.retrain_proc = None
+        elapsed = time.monotonic() - self._retrain_started
+        result = self._retrain_result()
+        if proc.returncode != 0 or result is None:
+            self.last_retrain = f"failed (exit {proc.returncode}) after {elapsed:.1f} s: see {self._retrain_log}"
+            self.get_logger().error(f"retrain {self.last_retrain}")
+            return
+        self.last_policy = result["policy"]
+        self.last_retrain = (f"{result['trials']} trials, {result['transitions']} transitions -> "
+                             f"{result['policy']} in {elapsed:.1f} s")
+        self.get_logger().info(f"retrain done: {self.last_retrain}")
+        self._reload(str(Path(result["policy"]).resolve()))
+
+    def _retrain_result(self) -> dict | None:
+        lines = self._retrain_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        for line in reversed(lines):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    return None
+        return None
+
+    def _on_retrain(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.start_retrain()
+        self.get_logger().info(f"retrain: {response.message}")
+        return response
+
+    # ---------------------------------------------------------------- hot reload
+    def _reload(self, policy_path: str) -> None:
+        """Point the controller's ``policy`` parameter at the new file, then call its ``~/reload_policy``."""
+        if self.reload_client is None:
+            return
+        if not self.param_client.service_is_ready() or not self.reload_client.service_is_ready():
+            self.last_reload = f"controller services not available: {policy_path} not loaded"
+            self.get_logger().warning(self.last_reload)
+            return
+        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=policy_path)
+        request = SetParameters.Request(parameters=[ParameterMsg(name="policy", value=value)])
+        self.param_client.call_async(request).add_done_callback(lambda future: self._after_set(future, policy_path))
+
+    def _after_set(self, future, policy_path: str) -> None:
+        results = future.result().results if future.result() else []
+        if not results or not results[0].successful:
+            reason = results[0].reason if results else "no answer"
+            self.last_reload = f"controller refused policy parameter {policy_path}: {reason}"
+            self.get_logger().error(self.last_reload)
+            return
+        self.reload_client.call_async(Trigger.Request()).add_done_callback(self._after_reload)
+
+    def _after_reload(self, future) -> None:
+        answer = future.result()
+        self.last_reload = answer.message if answer else "no answer from reload_policy"
+        log = self.get_logger().info if answer and answer.success else self.get_logger().error
+        log(f"reload_policy: {self.last_reload}")
+
+    # ---------------------------------------------------------------- diagnostics
+    def publish_diagnostics(self) -> None:
+        recording = self.recorder is not None
+        if self.last_retrain.startswith(("failed", "stopped")):
+            level, message = ERROR, f"retrain {self.last_retrain}"
+        elif self.retrain_proc is not None:
+            level, message = OK, "retraining"
+        elif recording:
+            level, message = OK, f"recording {self.recorder.final.name}"
+        else:
+            level, message = (WARN, "idle (no trial yet)") if not self.session.bags() else (OK, "idle")
+        values = {"recording": recording, "trial": self.recorder.final.name if recording else "",
+                  "trial_elapsed_s": time.monotonic() - self._trial_started if recording else 0.0,
+                  "messages": self.recorder.message_count if recording else 0,
+                  "session": str(self.session.root), "trials_recorded": len(self.session.bags()),
+                  "retraining": self.retrain_proc is not None, "retrains_started": self.retrain_count,
+                  "last_retrain": self.last_retrain, "last_policy": self.last_policy,
+                  "last_reload": self.last_reload, "controller_policy_version": self.controller_policy_version}
+        array = DiagnosticArray()
+        array.header.stamp = self.get_clock().now().to_msg()
+        array.status = [status(f"{NODE_NAME}: trainer", self.config.robot, level, message, values)]
+        self.diagnostics_pub.publish(array)
+
+    def shutdown(self) -> None:
+        """Close an open trial (so the bag is complete) and stop a running retrain."""
+        if self.recorder is not None:
+            self.stop_trial()
+        if self.retrain_proc is not None and self.retrain_proc.poll() is None:
+            self.retrain_proc.terminate()
+            try:
+                self.retrain_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.retrain_proc.kill()
+                self.retrain_proc.wait()
+
+
+def _on_exit(node: Node) -> None:
+    if isinstance(node, TrainerNode):
+        node.shutdown()
+
+
+def main(args: list[str] | None = None) -> int:
+    """Console script ``trainer_node``; exits 2 with the reason when its parameters are invalid."""
+    return run_node(TrainerNode, NODE_NAME, args, on_shutdown=_on_exit)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
