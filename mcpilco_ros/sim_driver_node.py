@@ -12,13 +12,14 @@ Two clocks:
   publishes the new state stamped with the ROS clock. What a real robot does, including its latency.
 - ``lockstep``: deterministic. State k is stamped with simulated time k * control_period; the simulation
   advances exactly one step when the command answering state k arrives (matched by stamp). Before the first
-  answer it re-publishes state 0 every 50 ms (so a late controller still sees it); afterwards, no answer within
-  ``lockstep_timeout`` s of wall time steps with zero torque (counted). With the protocol enabled this is
-  the same computation as ``mcpilco evaluate`` (``mcpilco_core.evaluation``), only over ROS.
+  answer, and whenever an answer is late (a lost message), it re-publishes the current state every 50 ms;
+  only no answer within ``lockstep_timeout`` s of wall time steps with zero torque (counted). With the
+  protocol enabled this is the same computation as ``mcpilco evaluate`` (``mcpilco_core.evaluation``), only over ROS.
 
 ``protocol.enabled`` runs the evaluation protocol's disturbance schedule for ``protocol.seed``
 (``ResetPerturbation``: PID + gravity compensation on both joints for 0.2 s windows, limited to 6 N m;
-the controller is not told, it keeps receiving states). ``duration`` > 0 ends the run after that much
+the controller is not told, it keeps receiving states; ``protocol.publish_during_resets: false`` hides the
+windows from it instead, which is exactly the evaluator's computation). ``duration`` > 0 ends the run after that much
 simulated time: the score is logged and, with ``record_file``, the trajectory (t, x, u, u_cmd, mode codes,
 disturbance windows, score) is written as .npz; ``exit_when_done`` then ends the process.
 """
@@ -61,7 +62,7 @@ from ._ros_utils import (
 
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
-WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes state 0 this often until a controller answers
+WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes an unanswered state this often
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
@@ -72,6 +73,9 @@ SIM_PARAMETERS: tuple[ParamSpec, ...] = (
               "stepping with zero torque", 0.001, 60.0),
     ParamSpec("protocol.enabled", False, "run the evaluation protocol's disturbance schedule"),
     ParamSpec("protocol.seed", 0, "seed of the disturbance schedule", 0, 2**31 - 1),
+    ParamSpec("protocol.publish_during_resets", True, "publish joint_states during the disturbance windows (the "
+              "controller keeps seeing the robot, as on hardware); false = the evaluator's exact computation, in "
+              "which the controller is not called during a window"),
     ParamSpec("duration", 0.0, "s of simulated time, then stop (0 = until stopped)", 0.0, 1e7),
     ParamSpec("record_file", "", ".npz file for the trajectory at the end of duration ('' = none)"),
     ParamSpec("exit_when_done", False, "end the process when duration is over"),
@@ -105,6 +109,9 @@ class SimDriverNode(Node):
         self.seed = int(own["protocol.seed"])
         self.perturbation = (ResetPerturbation(DisturbanceSchedule.from_seed(self.seed), self.plant, self.dt)
                              if own["protocol.enabled"] else None)
+        self.publish_during_resets = bool(own["protocol.publish_during_resets"])
+        self._forced_k = -1
+        self._forced = None
         self.duration = float(own["duration"])
         self.record_file = str(own["record_file"])
         self.exit_when_done = bool(own["exit_when_done"])
@@ -118,11 +125,12 @@ class SimDriverNode(Node):
         self.finished = False
         self.started = self.mode == "realtime"
         self.counters = {"refused_names": 0, "refused_lengths": 0, "refused_nonfinite": 0, "stale_steps": 0,
-                         "unmatched_commands": 0, "lockstep_timeouts": 0, "commands": 0}
+                         "unmatched_commands": 0, "lockstep_timeouts": 0, "republished": 0, "commands": 0}
         self._command = (0.0, 0.0)
         self._command_mode = "other"
         self._command_rx: float | None = None
         self._published_ns = 0
+        self._first_publish = 0.0   # monotonic time state k was first published
         self._last_publish = time.monotonic()
         self._last_tick: float | None = None
         self.tick_period = RingStats(5000)   # s between realtime steps
@@ -144,8 +152,7 @@ class SimDriverNode(Node):
         if self.mode == "realtime":
             self.create_timer(self.dt, self._tick)
         else:
-            self.create_timer(max(0.001, min(self.lockstep_timeout, WAITING_REPUBLISH_PERIOD) / 2.0),
-                              self._lockstep_watch)
+            self.create_timer(WAITING_REPUBLISH_PERIOD / 2.0, self._lockstep_watch)
         self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         protocol = f"protocol seed {self.seed}" if self.perturbation else "no disturbances"
         self.get_logger().info(f"{self.config.robot} ({self.config.plant.name}), {self.mode}, dt {self.dt} s, "
@@ -156,8 +163,7 @@ class SimDriverNode(Node):
     def _advance(self, command: tuple[float, float], mode: str) -> None:
         """One RK4 step of ``dt`` with ``command`` (N m) limited, or the protocol's reset torques."""
         k = self.k
-        t = k * self.dt
-        forced = self.perturbation(k, t, self.x) if self.perturbation is not None else None
+        forced = self._forced_now()
         if self.stopped:
             u, code = (0.0, 0.0), MODE_CODES["safe"]
         elif forced is not None:
@@ -179,6 +185,23 @@ class SimDriverNode(Node):
         if self._n_steps and self.k >= self._n_steps:
             self._finish()
 
+    def _forced_now(self):
+        """The protocol's reset torques for the current step, or None; evaluated once per step (the PID and
+        window timers advance exactly once per step, as in the evaluator)."""
+        if self._forced_k != self.k:
+            self._forced_k = self.k
+            self._forced = (self.perturbation(self.k, self.k * self.dt, self.x)
+                            if self.perturbation is not None else None)
+        return self._forced
+
+    def _hidden_by_reset(self) -> bool:
+        return not self.publish_during_resets and self._forced_now() is not None
+
+    def _skip_resets(self) -> None:
+        """Without publishing during resets: run the window's steps now, without the controller."""
+        while not self.finished and self._hidden_by_reset():
+            self._advance((0.0, 0.0), "reset")
+
     def _fresh_command(self, now: float) -> tuple[tuple[float, float], str]:
         if self._command_rx is None or now - self._command_rx > self.command_timeout:
             if self._command_rx is not None:
@@ -195,19 +218,24 @@ class SimDriverNode(Node):
         if self.finished:
             return
         self._advance(*self._fresh_command(now))
-        if not self.finished:
+        if not self.finished and not self._hidden_by_reset():
             self._publish_state()
 
     def _lockstep_watch(self) -> None:
-        """Lockstep: re-publish state 0 until a controller answers; afterwards step on answer timeouts."""
-        waited = time.monotonic() - self._last_publish
-        if self.finished or waited <= (self.lockstep_timeout if self.started else WAITING_REPUBLISH_PERIOD):
+        """Lockstep: re-publish the current state every 50 ms until it is answered (before the first answer,
+        and when a message was lost: the controller answers a repeated state with the same torque); only after
+        ``lockstep_timeout`` s without an answer step with zero torque (counted)."""
+        now = time.monotonic()
+        if self.finished or now - self._last_publish <= WAITING_REPUBLISH_PERIOD:
             return
-        if self.started:
+        if self.started and now - self._first_publish > self.lockstep_timeout:
             self.counters["lockstep_timeouts"] += 1
             self._advance((0.0, 0.0), "safe")
+            self._skip_resets()
             if self.finished:
                 return
+        elif self.started:
+            self.counters["republished"] += 1
         self._publish_state()
 
     def _publish_state(self) -> None:
@@ -223,6 +251,8 @@ class SimDriverNode(Node):
         msg.position = [float(q1), float(q2)]
         msg.velocity = [float(dq1), float(dq2)]
         msg.effort = [float(self.applied[0]), float(self.applied[1])]
+        if ns != self._published_ns or self._first_publish == 0.0:
+            self._first_publish = time.monotonic()
         self._published_ns = ns
         self._last_publish = time.monotonic()
         self.state_pub.publish(msg)
@@ -243,6 +273,7 @@ class SimDriverNode(Node):
             return
         self.started = True
         self._advance(u, msg.header.frame_id)
+        self._skip_resets()
         if not self.finished:
             self._publish_state()
 
@@ -264,7 +295,7 @@ class SimDriverNode(Node):
             np.savez(path, t=t, x=self._xs, u=self._us, u_cmd=self._ucmd, mode=self._modes,
                      windows=windows.reshape(-1, 2), score=self.score, seed=self.seed,
                      robot=self.config.robot, lockstep_timeouts=self.counters["lockstep_timeouts"],
-                     stale_steps=self.counters["stale_steps"])
+                     stale_steps=self.counters["stale_steps"], republished=self.counters["republished"])
             self.get_logger().info(f"done after {self.duration} s: score {self.score:.4f}, trajectory {path}")
         else:
             self.get_logger().info(f"done after {self.duration} s")

@@ -77,7 +77,8 @@ def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path):
     record = tmp_path / "run.npz"
     overrides = params_file(tmp_path / "o.yaml", {
         "controller_node": {"arm_on_start": True, "watchdog_timeout": 2.0},
-        "sim_driver_node": {"mode": "lockstep", "lockstep_timeout": 2.0, "protocol": {"enabled": True, "seed": 3},
+        "sim_driver_node": {"mode": "lockstep", "lockstep_timeout": 2.0,
+                            "protocol": {"enabled": True, "seed": 3, "publish_during_resets": False},
                             "duration": 6.0, "record_file": str(record), "exit_when_done": True}})
     robot = CONFIG / "pendubot.yaml"
     with node_process("controller_node", robot, overrides, log=tmp_path / "controller.log"), \
