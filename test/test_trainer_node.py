@@ -122,3 +122,22 @@ def test_retrain_exports_a_new_policy_and_the_controller_reloads_it(tmp_path, pe
         assert str(controller.policy_path) == str((tmp_path / "run" / "policies").resolve() /
                                                   f"policy_000_{controller.policy_version}.npz")
         wait_for(lambda: "loaded" in trainer.last_reload, what="trainer got the reload answer")
+
+
+def test_trainer_yaml_sets_exactly_the_declared_parameters(repo):
+    from mcpilco_ros.trainer_node import TRAINER_PARAMETERS
+
+    values = yaml.safe_load((repo / "config" / "trainer.yaml").read_text())["trainer_node"]["ros__parameters"]
+    assert set(values) == {spec.name for spec in TRAINER_PARAMETERS}
+    for spec in TRAINER_PARAMETERS:
+        assert type(values[spec.name]) is type(spec.default), spec.name
+
+
+def test_refuses_bad_parameters(tmp_path):
+    from mcpilco_ros._ros_utils import ParameterError
+
+    with rig() as r:
+        with pytest.raises(ParameterError, match="storage"):
+            make_trainer(r.context, tmp_path, storage="zip")
+        with pytest.raises(ParameterError, match="train_config"):
+            make_trainer(r.context, tmp_path / "b", train_config=str(tmp_path / "missing.yaml"))
