@@ -21,9 +21,15 @@ pytestmark = pytest.mark.timeout(20)
 CONFIG = Path(__file__).resolve().parents[1] / "config"
 
 
-def virtual_config(robot: str = "pendubot", **changes: object) -> DriverConfig:
+def virtual_config(robot: str = "pendubot", can_timeout: float = 0.2, max_timeouts: int = 10,
+                   **changes: object) -> DriverConfig:
+    """The shipped config on a fresh virtual channel. Generous CAN and watchdog timeouts by default: the test
+    machine's two cores are shared, and a scheduling stall must not trip the paths other tests are about;
+    the timeout tests set tight values themselves."""
     config = load_driver_config(CONFIG / f"moteus_driver_{robot}.yaml")
-    transport = TransportConfig(kind="pythoncan", interface="virtual", channel=f"test-{uuid.uuid4().hex}")
+    transport = TransportConfig(kind="pythoncan", interface="virtual", channel=f"test-{uuid.uuid4().hex}",
+                                can_timeout=can_timeout, max_consecutive_timeouts=max_timeouts)
+    changes.setdefault("watchdog_timeout", 0.5)
     return dataclasses.replace(config, transport=transport, **changes)
 
 
@@ -82,7 +88,7 @@ def test_zero_torque_until_commands_then_actuated_only(make_rig: Callable[..., R
     shoulder, elbow = rig.motor(0), rig.motor(1)
     assert elbow.mode == 0 and elbow.max_commanded_torque == 0.0 and rig.bus.rig.passive_torque_peak == 0.0
     assert all(f.writes == [] for f in list(elbow.frames)[1:])   # after the startup stop: queries only
-    assert shoulder.commands[0x025] == 6.0 and shoulder.commands[0x027] == pytest.approx(0.05)
+    assert shoulder.commands[0x025] == 6.0 and shoulder.commands[0x027] == pytest.approx(0.5)
     sample = rig.samples[-1]
     assert sample.fresh and sample.motors[0].mode == 10 and sample.tau[0] == pytest.approx(2.0, abs=0.01)
 
@@ -141,8 +147,8 @@ def test_fault_mode_stops_both_and_names_the_fault(make_rig: Callable[..., Rig])
     rig.driver.set_command((1.0, 0.0))
     wait_for(lambda: rig.motor(0).mode == 10)
     rig.motor(1).inject_fault(33)
-    wait_for(lambda: rig.samples[-1].decision.state is SafetyState.FAULT)
-    reason = rig.samples[-1].decision.reason
+    wait_for(lambda: rig.driver.safety.state is SafetyState.FAULT)
+    reason = rig.driver.safety.reason
     assert "elbow" in reason and "motor_driver_fault" in reason and "mode 1" in reason
     wait_for(lambda: rig.motor(0).mode == 0 and rig.motor(1).mode == 0)   # stop sent to both (clears the fault)
     rig.driver.set_command((1.0, 0.0))                                     # latched: no torque any more
@@ -163,13 +169,13 @@ def test_timeout_mode_stops_both(make_rig: Callable[..., Rig]) -> None:
 
 @pytest.mark.parametrize("failure", ["dropped", "late"])
 def test_can_timeout_stops_both(make_rig: Callable[..., Rig], failure: str) -> None:
-    rig = make_rig()
+    rig = make_rig(virtual_config(can_timeout=0.05, max_timeouts=1))
     rig.driver.set_command((1.0, 0.0))
     wait_for(lambda: rig.motor(0).mode == 10)
     if failure == "dropped":
         rig.motor(1).drop_replies = 1
     else:
-        rig.motor(1).reply_delay = 0.05           # longer than can_timeout (0.02 s)
+        rig.motor(1).reply_delay = 0.2            # longer than can_timeout (0.05 s)
     wait_for(lambda: rig.driver.safety.state is SafetyState.FAULT)
     assert "CAN timeout" in rig.driver.safety.reason and "virtual" in rig.driver.safety.reason
     rig.motor(1).reply_delay = 0.0
@@ -226,7 +232,8 @@ def test_latched_fault_is_cleared_by_the_startup_stop(make_rig: Callable[..., Ri
     with rig.bus.lock:
         rig.motor(1).mode = 11
     rig.runner.start()
-    assert rig.motor(0).mode == 0 and rig.motor(0).fault == 0 and rig.motor(1).mode == 0
+    # cleared: the loop may already have sent its zero-torque command (mode 10), never fault or timeout
+    assert rig.motor(0).mode in (0, 10) and rig.motor(0).fault == 0 and rig.motor(1).mode == 0
     rig.driver.set_command((1.0, 0.0))
     wait_for(lambda: rig.motor(0).mode == 10)
 

@@ -319,16 +319,21 @@ class PendulumRig:
     The passive joint's motor torque is applied through ``passive_torque_limit`` (0 = the real mechanism:
     the passive joint has no usable actuator); ``passive_torque_peak`` records what it was asked for.
     ``hold`` keeps the pendulum still (an operator's hand) until the actuated motor first applies torque, so
-    slow-starting processes find it where it was put.
+    slow-starting processes find it where it was put. ``time_scale`` < 1 runs the plant slower than the wall
+    clock (simulated s per wall s), so tests on a loaded machine keep the control loop fast relative to the
+    dynamics; watchdogs and timeouts stay in wall time. ``t`` is simulated time (s).
     """
 
     def __init__(self, plant: Any, config: DriverConfig, motors: Sequence[EmulatedMotor],
                  x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), dt: float = 0.001,
-                 passive_torque_limit: float = 0.0, hold: bool = False) -> None:
+                 passive_torque_limit: float = 0.0, hold: bool = False, time_scale: float = 1.0) -> None:
         self.plant, self.config, self.motors, self.dt = plant, config, list(motors), dt
         self.hold = hold
+        self.time_scale = time_scale
+        self._wall: float | None = None
+        self._budget = 0.0
         self.x: tuple[float, float, float, float] = tuple(float(v) for v in x0)  # type: ignore[assignment]
-        self.t: float | None = None
+        self.t = 0.0
         self.passive_torque_limit = passive_torque_limit
         self.passive_torque_peak = 0.0
         self.history: deque = deque(maxlen=200000)   # (t, x, u) for tests
@@ -349,14 +354,16 @@ class PendulumRig:
 
     def advance(self, now: float) -> None:
         """Integrate up to ``now`` (s, monotonic) in steps of dt with the torque held over each step."""
-        if self.t is None or (self.hold and self.motors[self.config.actuated_joint].torque == 0.0):
-            self.t = now
+        if self._wall is None or (self.hold and self.motors[self.config.actuated_joint].torque == 0.0):
+            self._wall = now
             return
         self.hold = False
-        steps = int((now - self.t) / self.dt)
+        self._budget += (now - self._wall) * self.time_scale
+        self._wall = now
+        steps = int(self._budget / self.dt)
+        self._budget -= steps * self.dt
         if steps > 2000:   # the process stalled: do not try to catch up more than 2000 steps
-            self.t = now - 2000 * self.dt
-            steps = 2000
+            steps, self._budget = 2000, 0.0
         for _ in range(steps):
             u = self.joint_torques()
             self.x = self.plant.rk4_step_scalar(self.x, u, self.dt)
@@ -418,10 +425,11 @@ class EmulatedBus:
 
 
 def robot_bus(config: DriverConfig, plant: Any = None, x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0),
-              params: MotorParams | None = None, dt: float = 0.001, hold: bool = False) -> EmulatedBus:
+              params: MotorParams | None = None, dt: float = 0.001, hold: bool = False,
+              time_scale: float = 1.0) -> EmulatedBus:
     """Emulated controllers with the CAN ids of ``config``, coupled to ``plant`` when given."""
     motors = [EmulatedMotor(j.can_id, params) for j in config.joints]
-    rig = PendulumRig(plant, config, motors, x0, dt, hold=hold) if plant is not None else None
+    rig = PendulumRig(plant, config, motors, x0, dt, hold=hold, time_scale=time_scale) if plant is not None else None
     return EmulatedBus(motors, rig)
 
 
