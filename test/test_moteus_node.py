@@ -98,7 +98,8 @@ def test_node_in_process_states_commands_diagnostics_stop(tmp_path: Path, ros: C
 
     channel = f"node-{uuid.uuid4().hex}"
     path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
-                                            f"{channel}\n      can_timeout: 0.05\n      max_consecutive_timeouts: 3\n")
+                                            f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
+                       watchdog=0.5)
     config = load_driver_config(path)
     bus = robot_bus(config, DoublePendulum.from_yaml(CONFIG / "pendubot.yaml"), (0.2, 0.0, 0.0, 0.0))
     with VirtualCanEmulator(bus, channel):
