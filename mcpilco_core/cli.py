@@ -20,6 +20,7 @@ from .policy import PolicyError
 COMMAND_MODULES: list[str] = [
     "mcpilco_core.cli",
     "mcpilco_core.learner_cli",
+    "mcpilco_core.session_cli",
     "mcpilco_core.hardware.hw_check",
     "mcpilco_ros.demo",  # ROS nodes run as subprocesses: no rclpy import here
 ]
