@@ -80,7 +80,7 @@ class TrainConfig:
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     initial_state: InitialStateSettings = field(default_factory=InitialStateSettings)
-    evaluation_seeds: tuple[int, ...] = (0,)
+    evaluation_seeds: tuple[int, ...] = (100,)
     progress: bool = True
 
     @property
@@ -140,7 +140,8 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
         cost=CostSettings(lengthscales=r.sub("cost").vector("lengthscales", 2, (3.0, 3.0), positive=True)),
         initial_state=_initial_state_settings(r.sub("initial_state")),
-        evaluation_seeds=tuple(_int_list(ev, "seeds", [0])), progress=r.boolean("progress", d.progress))
+        evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
+        progress=r.boolean("progress", d.progress))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
     if config.horizon_steps < 1:
@@ -296,8 +297,9 @@ def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: floa
     return sim.run(controller, np.asarray(x0, dtype=np.float64), duration)
 
 
-def post_disturbance_states(controller, config: RobotConfig, seeds: tuple[int, ...] | list[int]) -> np.ndarray:
-    """States right after each PID disturbance of the evaluation protocol (M, 4), plus the scores."""
+def post_disturbance_states(controller, config: RobotConfig,
+                            seeds: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """States right after each PID disturbance of the evaluation protocol (M, 4), and each seed's score."""
     from .evaluation import evaluate_seed
 
     states, scores = [], []
