@@ -207,14 +207,18 @@ class DoublePendulum:
     def linearize(self, x0: Any = GOAL, u0: Any = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
         """Continuous-time Jacobians A = d(dx/dt)/dx (4x4) and B = d(dx/dt)/du (4x2) at (x0, u0).
 
-        Computed by torch autograd in float64, so they are exact derivatives of these equations.
+        Complex-step differentiation (f'(x) = Im f(x + ih) / h with h = 1e-30): exact to machine precision,
+        since every term of the equations of motion is analytic, and it needs neither torch (slow to
+        import in a node that must start fast) nor a finite-difference step size.
         """
-        import torch
-
-        x = torch.as_tensor(np.asarray(x0, dtype=np.float64))
-        u = torch.as_tensor(np.asarray(u0, dtype=np.float64))
-        a, b = torch.autograd.functional.jacobian(self.state_derivative, (x, u))
-        return a.numpy(), b.numpy()
+        step = 1e-30
+        point = np.concatenate([np.asarray(x0, dtype=np.float64), np.asarray(u0, dtype=np.float64)])
+        jacobian = np.empty((4, 6))
+        for i in range(6):
+            z = point.astype(np.complex128)
+            z[i] += 1j * step
+            jacobian[:, i] = self.state_derivative(z[:4], z[4:]).imag / step
+        return jacobian[:, :4], jacobian[:, 4:]
 
 
 def wrap_angle(angle: Any) -> Any:
