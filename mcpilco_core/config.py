@@ -261,8 +261,22 @@ class DampingConfig:
     gain: float = 0.5                 # N m s/rad
 
 
+class RobotJoints:
+    """Which joint is actuated, derived from ``self.robot`` (shared by the robot and driver configs)."""
+
+    robot: str
+
+    @property
+    def actuated_joint(self) -> int:
+        return ACTUATED_JOINT[self.robot]
+
+    @property
+    def passive_joint(self) -> int:
+        return 1 - self.actuated_joint
+
+
 @dataclass(frozen=True)
-class RobotConfig:
+class RobotConfig(RobotJoints):
     """Everything a controller needs to know about one robot; loaded by :func:`load_robot_config`."""
 
     robot: str
@@ -275,14 +289,6 @@ class RobotConfig:
     roa: RoaConfig = field(default_factory=RoaConfig)
     damping: DampingConfig = field(default_factory=DampingConfig)
     source: str | None = None
-
-    @property
-    def actuated_joint(self) -> int:
-        return ACTUATED_JOINT[self.robot]
-
-    @property
-    def passive_joint(self) -> int:
-        return 1 - self.actuated_joint
 
     @property
     def torque_limits(self) -> tuple[float, float]:

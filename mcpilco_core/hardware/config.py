@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ACTUATED_JOINT, JOINT_NAMES, ROBOTS, ConfigError, _Reader, read_yaml, unwrap_ros_parameters
+from ..config import (
+    ACTUATED_JOINT,
+    JOINT_NAMES,
+    ROBOTS,
+    ConfigError,
+    RobotJoints,
+    _Reader,
+    read_yaml,
+    unwrap_ros_parameters,
+)
 
 NODE_NAME = "moteus_driver_node"
 TRANSPORT_KINDS = ("socketcan", "pythoncan", "fdcanusb", "pi3hat", "auto")
@@ -71,7 +80,7 @@ class JointDriverConfig:
 
 
 @dataclass(frozen=True)
-class DriverConfig:
+class DriverConfig(RobotJoints):
     """Everything the moteus driver needs; loaded by :func:`load_driver_config`."""
 
     robot: str
@@ -84,14 +93,6 @@ class DriverConfig:
     damping_duration: float = 1.0      # s of damping before both motors are stopped
     diagnostics_period: float = 0.5    # s between diagnostics messages
     source: str | None = None
-
-    @property
-    def actuated_joint(self) -> int:
-        return ACTUATED_JOINT[self.robot]
-
-    @property
-    def passive_joint(self) -> int:
-        return 1 - self.actuated_joint
 
     @property
     def period(self) -> float:
