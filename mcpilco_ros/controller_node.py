@@ -13,7 +13,16 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
 - ``~/reload_policy`` (std_srvs/Trigger) loads and validates the file the ``policy`` parameter names (or the
   newest ``*.npz`` in that directory) and swaps it in between two steps; a bad file keeps the old policy
   and the answer says why;
-- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute), refused counts, policy.
+- exploration (trial 0 of MC-PILCO on the robot): with ``exploration.enabled`` (at start) or ``~/explore``
+  (std_srvs/SetBool, only while disarmed) the actuated joint gets the learner's trial-0 exploration signal
+  (:class:`mcpilco_core.learner.ExplorationController`: uniform in +-``exploration.amplitude`` N m, a new value
+  every policy period, held in between), the passive joint exactly 0, mode ``explore``. Each arming in
+  exploration mode starts a new run whose numbers come from (``exploration.seed``, run index), exactly as the
+  learner derives trial k's generator from (seed, k): reproducible, never the same twice in a session. The
+  supervisor still watches every state: its ``damping`` (too fast) and ``safe`` modes override exploration.
+  Switching exploration on the first time imports the learner (torch, ~2 s), which is why it is refused while armed;
+- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute), refused counts, policy,
+  exploration.
 
 The commanded JointState's ``header.frame_id`` carries the supervisor mode that produced it, so recordings
 (bags, the simulated robot's trajectory) show which controller acted.
@@ -65,7 +74,16 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
               "diagnostics error", 0.001, 10.0),
     ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
     ParamSpec("warn_throttle", 1.0, "s, at most one warning about refused messages per this period", 0.0, 3600.0),
+    ParamSpec("exploration.enabled", False, "start in exploration mode (random torques, MC-PILCO trial 0); "
+              "~/explore switches it while disarmed"),
+    ParamSpec("exploration.amplitude", 3.0, "N m, exploration torques are uniform in +-amplitude (at most "
+              "torque_limit)", 0.0, 50.0),
+    ParamSpec("exploration.seed", 0, "seed of the exploration torques (run k uses (seed, k), like the learner's "
+              "trial k)", 0, 2**31 - 1),
 )
+
+# Supervisor modes that override exploration: safety first.
+OVERRIDING_MODES = ("damping", "safe")
 
 
 class ControllerNode(Node):
@@ -100,12 +118,23 @@ class ControllerNode(Node):
         self._last_state_rx = time.monotonic()
         self._last_mode = "idle"
         self._last_reload = ""
+        self.exploration_amplitude = float(own["exploration.amplitude"])
+        self.exploration_seed = int(own["exploration.seed"])
+        if self.exploration_amplitude > self.config.torque_limit:
+            raise ParameterError(f"parameter 'exploration.amplitude': {self.exploration_amplitude} N m exceeds "
+                                 f"torque_limit {self.config.torque_limit} N m")
+        self.exploring = False
+        self.exploration_runs = 0           # arming in exploration mode starts run k = this count
+        self._explorer = None               # the learner's ExplorationController of the current run
+        if own["exploration.enabled"]:
+            self._set_exploring(True)
 
         self.command_pub = self.create_publisher(JointState, "joint_commands", CONTROL_QOS)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_subscription(JointState, "joint_states", self._on_state, CONTROL_QOS)
         self.create_service(SetBool, "~/enable", self._on_enable)
         self.create_service(Trigger, "~/reload_policy", self._on_reload)
+        self.create_service(SetBool, "~/explore", self._on_explore)
         self.create_timer(max(0.002, self.watchdog_timeout / 4.0), self._check_watchdog)
         self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         if own["arm_on_start"]:
@@ -150,11 +179,56 @@ class ControllerNode(Node):
         self._last_reload = response.message
         return response
 
+    # ---------------------------------------------------------------- exploration
+    def _set_exploring(self, on: bool) -> None:
+        """Switch exploration on/off; the learner (and torch) is imported the first time only."""
+        if on:
+            from mcpilco_core import learner  # noqa: F401  (fails here, not in a control step)
+        self.exploring = on
+        self._explorer = None
+        self.get_logger().info(f"exploration {'on' if on else 'off'}" + (
+            f": +-{self.exploration_amplitude} N m, seed {self.exploration_seed}" if on else ""))
+
+    def _start_exploration_run(self) -> None:
+        """A new exploration signal: run k draws from the generator the learner uses for trial k."""
+        from mcpilco_core.learner import ExplorationController, trial_generators
+
+        rng, _ = trial_generators(self.exploration_seed, self.exploration_runs)
+        self._explorer = ExplorationController(self.config, self.exploration_amplitude, rng)
+        self.exploration_runs += 1
+
+    def _explore_torque(self, x: np.ndarray, t: float) -> np.ndarray:
+        """The exploration torque (N m): actuated joint clipped to its limit, passive joint exactly 0."""
+        act = self.config.actuated_joint
+        u = np.zeros(2)
+        u[act] = float(np.clip(self._explorer.step(x, t)[act], -self.config.torque_limit, self.config.torque_limit))
+        return u
+
+    def _on_explore(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        if self.armed:
+            response.success = False
+            response.message = "refused while armed: disarm first (~/enable false)"
+        else:
+            self._set_exploring(bool(request.data))
+            response.success = True
+            response.message = ("exploration on (starts when armed)" if self.exploring
+                                else "exploration off: the supervisor controls")
+        return response
+
     # ---------------------------------------------------------------- arming
+    def _reset_control(self) -> None:
+        """Forget the supervisor's state and the time base (a new run, e.g. from a restarted driver)."""
+        self.supervisor.reset()
+        self._base_ns = None
+        if self._explorer is not None:
+            self._explorer.reset()
+
     def _arm(self, on: bool) -> None:
         if on and not self.armed:
-            self.supervisor.reset()
-            self._base_ns = None
+            self._reset_control()
+            self._last_stamp_ns = None  # a trial may come from a restarted driver with a new time base
+            if self.exploring:
+                self._start_exploration_run()
         if not on and self.armed:
             self._publish_zero()
         self.armed = on
@@ -204,10 +278,13 @@ class ControllerNode(Node):
         t = (ns - self._base_ns) * 1e-9
         start = time.perf_counter()
         u = self.supervisor.step(x, t)
+        mode = self.supervisor.mode
+        if self._explorer is not None and mode not in OVERRIDING_MODES:
+            u, mode = self._explore_torque(x, t), "explore"
         self.step_time.add(time.perf_counter() - start)
         if not np.isfinite(u).all():  # the supervisor guarantees this; a motor must never see NaN
             u = np.zeros(2)
-        self._last_mode = self.supervisor.mode
+        self._last_mode = mode
         self.command_pub.publish(command_message(u, msg.header.stamp, self._last_mode))
         self.commands_published += 1
 
@@ -215,8 +292,7 @@ class ControllerNode(Node):
         if self.watchdog_tripped or time.monotonic() - self._last_state_rx <= self.watchdog_timeout:
             return
         self.watchdog_tripped = True
-        self.supervisor.reset()
-        self._base_ns = None
+        self._reset_control()
         self._last_stamp_ns = None  # a restarted driver may begin a new time base
         if self.armed:
             self._publish_zero()
@@ -246,7 +322,9 @@ class ControllerNode(Node):
                   "step_compute_p50_us": step["p50"], "step_compute_p99_us": step["p99"],
                   "step_compute_max_us": step["max"], "state_period_mean_ms": period["mean"],
                   "state_period_p99_ms": period["p99"], "state_period_max_ms": period["max"],
-                  "last_reload": self._last_reload}
+                  "last_reload": self._last_reload, "exploring": self.exploring,
+                  "exploration_amplitude": self.exploration_amplitude, "exploration_seed": self.exploration_seed,
+                  "exploration_runs": self.exploration_runs}
         values.update({f"refused_{k}": v for k, v in self.refused.items()})
         array = DiagnosticArray()
         array.header.stamp = self.get_clock().now().to_msg()

@@ -8,7 +8,8 @@
   the session in a **separate, niced process** (the control loop's process and its executor are never
   blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
   controller's ``policy`` parameter to that file and calls its ``~/reload_policy``.
-- ``diagnostics``: recording state, message counts, retrain state and the last exported policy.
+- ``diagnostics``: recording state, message counts, retrain state (started / finished counts) and the last
+  exported policy and reload answer (what ``mcpilco session`` waits on).
 
 The node never commands torque; the policy version written into each trial is the one the controller reports
 in its diagnostics (``policy_version`` key of the ``controller_node: controller`` status).
@@ -107,6 +108,7 @@ class TrainerNode(Node):
         self._retrain_started = 0.0
         self._retrain_log: Path | None = None
         self.retrain_count = 0
+        self.retrains_finished = 0          # retrains that ended (exported, failed or stopped)
         self.last_retrain = ""
         self.last_policy = ""
         self.last_reload = ""
@@ -221,10 +223,12 @@ class TrainerNode(Node):
                 proc.kill()
                 proc.wait()
                 self.retrain_proc = None
+                self.retrains_finished += 1
                 self.last_retrain = f"stopped after retrain_timeout {self.p['retrain_timeout']} s"
                 self.get_logger().error(self.last_retrain)
             return
         self.retrain_proc = None
+        self.retrains_finished += 1
         elapsed = time.monotonic() - self._retrain_started
         result = self._retrain_result()
         if proc.returncode != 0 or result is None:
@@ -294,8 +298,10 @@ class TrainerNode(Node):
         values = {"recording": recording, "trial": self.recorder.final.name if recording else "",
                   "trial_elapsed_s": time.monotonic() - self._trial_started if recording else 0.0,
                   "messages": self.recorder.message_count if recording else 0,
+                  "states_recorded": self.recorder.counts.get(trials.STATE_TOPIC, 0) if recording else 0,
                   "session": str(self.session.root), "trials_recorded": len(self.session.bags()),
                   "retraining": self.retrain_proc is not None, "retrains_started": self.retrain_count,
+                  "retrains_finished": self.retrains_finished,
                   "last_retrain": self.last_retrain, "last_policy": self.last_policy,
                   "last_reload": self.last_reload, "controller_policy_version": self.controller_policy_version}
         array = DiagnosticArray()

@@ -164,8 +164,9 @@ def test_reload_policy_swaps_a_good_file_and_keeps_the_old_one_on_a_bad_file(tmp
         peer.pub.publish(joint_state((0.3, 0.0), stamp_ns=1_000_000))
         wait_for(lambda: len(answers(peer)) == 1, what="a policy command")
         assert answers(peer)[0].header.frame_id == "policy"
-        wait_for(lambda: status_values(peer.last_status("controller"))["policy_version"]
-                 == controller.policy_version, what="policy version in diagnostics")
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["policy_version"] == controller.policy_version,
+                 what="policy version in diagnostics")
 
 
 @pytest.mark.parametrize("overrides, parameter", [
@@ -188,3 +189,67 @@ def test_corrupt_policy_file_is_refused_at_startup(tmp_path):
     with rig() as r:
         with pytest.raises(ParameterError, match="bad.npz"):
             make_controller(r.context, policy=str(bad))
+
+
+# --------------------------------------------------------------------------------------------------
+# Exploration (MC-PILCO trial 0 on the robot)
+
+
+def explore_run(r, controller, peer, enable, states: int, start_ns: int = 0, dq=(0.0, 0.0)) -> list:
+    """Arm, answer ``states`` states 2 ms apart one at a time (none lost), disarm; the answers in order."""
+    assert r.call(enable, SetBool.Request(data=True)).success
+    first = len(peer.received)
+    for k in range(states):
+        peer.pub.publish(joint_state((0.1 * k, 0.0), dq, stamp_ns=start_ns + k * 2_000_000))
+        wait_for(lambda n=k + 1: len(peer.received) - first == n, what=f"answer {k}")
+    answered = peer.received[first:]
+    assert r.call(enable, SetBool.Request(data=False)).success
+    return answered
+
+
+def expected_exploration(seed: int, run: int, amplitude: float, states: int) -> np.ndarray:
+    """The learner's own trial-k exploration signal at the same times (the controller must reuse it)."""
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.learner import ExplorationController, trial_generators
+
+    config = load_robot_config(CONFIG / "pendubot.yaml")
+    explorer = ExplorationController(config, amplitude, trial_generators(seed, run)[0])
+    return np.array([explorer.step(np.zeros(4), k * 0.002)[0] for k in range(states)])
+
+
+def test_exploration_is_seeded_bounded_and_never_moves_the_passive_joint():
+    with rig() as r:
+        controller, peer = connected(r, **{"exploration.enabled": True, "exploration.amplitude": 2.0,
+                                           "exploration.seed": 7})
+        enable = peer.create_client(SetBool, "/controller_node/enable")
+        explore = peer.create_client(SetBool, "/controller_node/explore")
+        runs = [explore_run(r, controller, peer, enable, 50, start_ns=s) for s in (5_000_000_000, 0)]
+        for k, answered in enumerate(runs):
+            assert {m.header.frame_id for m in answered} == {"explore"}
+            effort = np.array([m.effort for m in answered])
+            assert np.all(effort[:, 1] == 0.0) and np.all(np.abs(effort[:, 0]) <= 2.0)
+            # held for one policy period (10 states of 2 ms), then a new draw: the learner's signal exactly
+            np.testing.assert_array_equal(effort[:, 0], expected_exploration(7, k, 2.0, 50))
+            assert len(np.unique(effort[:, 0])) == 5
+        assert not np.array_equal([m.effort[0] for m in runs[0]], [m.effort[0] for m in runs[1]])
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["exploration_runs"] == "2", what="exploration runs in diagnostics")
+
+        # too fast: the supervisor's damping overrides exploration (safety first)
+        fast = explore_run(r, controller, peer, enable, 3, dq=(25.0, 0.0))
+        assert {m.header.frame_id for m in fast} == {"damping"}
+        assert all(m.effort[0] == -6.0 and m.effort[1] == 0.0 for m in fast)  # -0.5 * 25 clipped
+
+        # switching is refused while armed, allowed while disarmed; off = the supervisor (no policy: lqr/idle)
+        assert r.call(enable, SetBool.Request(data=True)).success
+        assert not r.call(explore, SetBool.Request(data=False)).success
+        assert r.call(enable, SetBool.Request(data=False)).success
+        assert r.call(explore, SetBool.Request(data=False)).success and not controller.exploring
+        answered = explore_run(r, controller, peer, enable, 3)
+        assert all(m.header.frame_id in ("idle", "lqr") and m.effort[0] == 0.0 for m in answered)
+
+
+def test_exploration_amplitude_above_the_torque_limit_is_refused():
+    with rig() as r:
+        with pytest.raises(ParameterError, match="exploration.amplitude"):
+            make_controller(r.context, **{"exploration.amplitude": 7.0})
