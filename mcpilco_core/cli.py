@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "mcpilco_core.session_cli",
     "mcpilco_core.hardware.hw_check",
     "mcpilco_ros.demo",  # ROS nodes run as subprocesses: no rclpy import here
+    "mcpilco_ros.session",  # rclpy imported only when a session runs
 ]
 
 

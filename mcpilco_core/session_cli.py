@@ -214,6 +214,57 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
 
 
 # --------------------------------------------------------------------------------------------------
+# Session reports (``mcpilco session``): cost per recorded trial, learning curve
+
+
+def trial_cost(trial, cost_settings) -> tuple[float, float]:
+    """(sum, mean) of the saturated cost (dimensionless, each state in [0, 1)) over a recorded trial's states at
+    the policy period. The sum is what the learner reports as ``robot_cost`` for a simulated trial; the mean
+    compares trials of different lengths (trial 0 usually explores longer). ``trial``: a ``trials.TrialData``."""
+    import torch
+
+    from .cost import saturated_cost
+
+    cost = saturated_cost(torch.as_tensor(trial.x), cost_settings)
+    return float(cost.sum()), float(cost.mean())
+
+
+def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Learning curve of a session: cost of each recorded trial and evaluation score of each trial's policy.
+
+    ``rows``: one dict per trial with ``trial``, ``cost`` (mean per state) and ``eval_score`` (None for trial 0,
+    which explores).
+    """
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "cairo"):
+        matplotlib.use("Agg")  # files only: works without a display
+    import matplotlib.pyplot as plt
+
+    fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_cost.plot([r["trial"] for r in rows], [r["cost"] for r in rows], "o-")
+    ax_cost.set(xlabel="trial (0 = exploration)", ylabel="mean cost per state (policy period)",
+                title="cost of each recorded trial", ylim=(0, 1))
+    scored = [(r["trial"], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
+    if scored:
+        ax_score.plot(*zip(*scored), "o-")
+    ax_score.set(xlabel="trial", ylabel="evaluation score (protocol)", ylim=(0, 1),
+                 title="score of each trial's policy")
+    ax_score.set_xlim(ax_cost.get_xlim())
+    for ax in (ax_cost, ax_score):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
 # Command line
 
 

@@ -1,0 +1,510 @@
+"""``mcpilco session --robot pendubot --sim --trials K --out runs/NAME``: the hardware loop, simulated robot.
+
+What a team does on the robot (docs/sessions.md), run end to end over ROS against ``sim_driver_node``:
+
+1. ``controller_node`` (no policy, exploration on) and ``trainer_node`` start as subprocesses with the same
+   ``--ros-args --params-file`` files the launch files use (robot file, ``config/trainer.yaml``) plus this run's
+   ``params.yaml``, exactly as ``mcpilco demo`` starts its nodes;
+2. trial k: a fresh ``sim_driver_node`` (lockstep: deterministic and immune to a busy machine; at rest, or at the
+   learner's initial state of trial k) is started, ``~/start_trial`` records it, ``~/enable`` arms the
+   controller, the robot runs ``exploration.duration`` (trial 0, random torques) or ``trial_duration`` s and
+   exits, ``~/stop_trial`` closes the bag, the controller is disarmed;
+3. between trials ``~/retrain`` fits the GP model and optimises the policy from every bag so far in the
+   trainer's separate process, which exports ``policy_NNN_<version>.npz`` and hot-reloads it into the
+   controller (``policy`` parameter + ``~/reload_policy``); the session waits until the controller reports the
+   new version, and meanwhile scores the previous trial's policy with the evaluation protocol;
+4. at the end: ``learning_curve.png`` (cost of each recorded trial, evaluation score of each trial's policy),
+   ``session.json`` and the final policy's score (``mcpilco_core.evaluation.evaluate_seeds``).
+
+Output directory::
+
+    runs/NAME/session/          trainer's session: trial_NNN/ bags + session.yaml
+    runs/NAME/retrain/          trainer's run dir: policies/policy_NNN_<version>.npz, models/, retrain.json, logs
+    runs/NAME/logs/             one log per node process
+    runs/NAME/params/           the params files given to the nodes
+    runs/NAME/trials/           the simulated robot's trajectory of each trial (.npz)
+    runs/NAME/policy.npz        the final policy;   session.json, learning_curve.png
+
+Every node process is stopped (SIGINT, then SIGKILL) on every exit path, Ctrl-C and SIGTERM included. rclpy is
+imported only when a session runs, so ``mcpilco_core.cli`` may register this module freely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mcpilco_core.config import ConfigError
+
+from .demo import ROBOTS, _stop, node_command, ros_environment, write_overrides
+
+ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID", "ROS_LOG_DIR", "AMENT_PREFIX_PATH")
+LOCKSTEP_TIMEOUT = 5.0      # s of wall time before the simulated robot steps without an answer (busy machine)
+WATCHDOG_TIMEOUT = 5.0      # s, the controller's: lockstep time is simulated, the wall clock may lag
+POLL = 0.02                 # s between checks of a condition
+
+
+class SessionError(RuntimeError):
+    """The session cannot go on (a node died, a retrain failed, a timeout); the message says where to look."""
+
+
+@dataclass
+class SessionOptions:
+    """One ``mcpilco session`` run. Durations in s; ``eval_seeds`` empty = the training config's (or 100)."""
+
+    robot: str
+    train_config: Path
+    out: Path
+    trials: int | None = None
+    eval_seeds: tuple[int, ...] = ()
+    eval_duration: float = 60.0
+    eval_jobs: int = 1
+    startup_timeout: float = 120.0
+    trial_timeout: float = 600.0
+    retrain_timeout: float = 7200.0
+    notes: str = ""
+    quiet: bool = False
+
+
+@dataclass
+class TrialRow:
+    """One line of the learning curve (session.json)."""
+
+    trial: int
+    mode: str
+    policy: str
+    policy_version: str
+    x0: list[float]
+    duration_s: float
+    messages: dict[str, int]    # recorded per topic
+    transitions: int            # at the policy period, usable by the learner
+    cost: float                 # mean saturated cost per state at the policy period, in [0, 1)
+    cost_sum: float             # its sum over the trial (the learner's robot_cost)
+    eval_score: float | None = None
+    eval_scores: list[float] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# Node processes
+
+
+class NodeProcesses:
+    """Node subprocesses with their logs; :meth:`stop_all` ends every one (newest first)."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir, self.env = log_dir, env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: list[subprocess.Popen] = []     # every process ever started (tests check they all ended)
+        self._logs: list[Any] = []
+
+    def start(self, name: str, module: str, params: list[Path]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        self._logs.append(log)
+        proc = subprocess.Popen(node_command(module, params), env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        self.started.append(proc)
+        return proc
+
+    def check_alive(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise SessionError(f"{name} exited with code {proc.returncode}: {self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        path = self.log_dir / f"{name}.log"
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines() if path.is_file() else []
+        return f"see {path}" + ("\n  " + "\n  ".join(text[-lines:]) if text else "")
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            _stop(proc)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop(name)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# The session's own ROS node: service calls and the nodes' diagnostics
+
+
+class RosClient:
+    """A node in its own rclpy context, spun by a SingleThreadedExecutor in a background thread."""
+
+    def __init__(self, nodes: NodeProcesses, watched: tuple[str, ...]) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+        from std_srvs.srv import SetBool, Trigger
+
+        self.nodes, self.watched = nodes, watched
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
+        self.node = rclpy.create_node("mcpilco_session", context=self.context)
+        self.status: dict[str, dict[str, str]] = {}
+        self.node.create_subscription(DiagnosticArray, "diagnostics", self._on_diagnostics, 50)
+        self.enable = self.node.create_client(SetBool, "/controller_node/enable")
+        self.explore = self.node.create_client(SetBool, "/controller_node/explore")
+        self.start_trial = self.node.create_client(Trigger, "/trainer_node/start_trial")
+        self.stop_trial = self.node.create_client(Trigger, "/trainer_node/stop_trial")
+        self.retrain = self.node.create_client(Trigger, "/trainer_node/retrain")
+        self.SetBool, self.Trigger = SetBool, Trigger
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _on_diagnostics(self, msg) -> None:
+        for st in msg.status:
+            key = st.name.split(":")[0]   # "controller_node: controller" -> controller_node
+            self.status[key] = {kv.key: kv.value for kv in st.values} | {"_message": st.message}
+
+    def value(self, node: str, key: str, default: str = "") -> str:
+        return self.status.get(node, {}).get(key, default)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``predicate``; raise SessionError naming ``what`` after ``timeout`` s or when a node died."""
+        end = time.monotonic() + timeout
+        while not predicate():
+            self.nodes.check_alive(self.watched)
+            if time.monotonic() > end:
+                raise SessionError(f"{what}: not reached within {timeout:g} s")
+            time.sleep(POLL)
+
+    def call(self, client, request, timeout: float = 30.0, what: str = ""):
+        """Call a service; raise SessionError if it is unavailable, does not answer, or answers failure."""
+        what = what or client.srv_name
+        self.wait(client.service_is_ready, timeout, f"service {client.srv_name} available")
+        future = client.call_async(request)
+        self.wait(future.done, timeout, f"answer of {client.srv_name}")
+        answer = future.result()
+        if answer is None or not answer.success:
+            raise SessionError(f"{what}: {answer.message if answer else 'no answer'}")
+        return answer
+
+    def trigger(self, client, what: str = "", timeout: float = 30.0) -> str:
+        return self.call(client, self.Trigger.Request(), timeout, what).message
+
+    def set_bool(self, client, value: bool, what: str = "") -> str:
+        return self.call(client, self.SetBool.Request(data=value), what=what).message
+
+    def close(self) -> None:
+        """Stop and join the spin thread, then shut the executor and the context down."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+# --------------------------------------------------------------------------------------------------
+# The session
+
+
+class Session:
+    """One run of :func:`run_session` (see the module docstring); call :meth:`run` once."""
+
+    def __init__(self, options: SessionOptions) -> None:
+        from mcpilco_core.learner import load_train_config
+
+        self.o = options
+        self.cfg = load_train_config(options.train_config, options.robot)   # errors name file and field
+        self.trials = int(options.trials or self.cfg.trials)
+        if self.trials < 2:
+            raise ValueError("--trials must be at least 2 (trial 0 explores; a policy needs trial 1)")
+        self.eval_seeds = tuple(options.eval_seeds or self.cfg.evaluation_seeds or (100,))
+        self.out = Path(options.out).resolve()
+        if (self.out / "session").exists():
+            raise ValueError(f"{self.out}: holds a session already; choose a new --out")
+        for sub in ("logs", "params", "trials"):
+            (self.out / sub).mkdir(parents=True, exist_ok=True)
+        self.robot_file = Path(self.cfg.robot.source).resolve()
+        self.rows: list[TrialRow] = []
+        self.t0 = time.perf_counter()
+        self.nodes = NodeProcesses(self.out / "logs", ros_environment())
+        self.ros: RosClient | None = None
+
+    def say(self, message: str) -> None:
+        if not self.o.quiet:
+            print(f"[{time.perf_counter() - self.t0:7.1f} s] {message}", flush=True)
+
+    # ------------------------------------------------------------------ startup
+    def _params(self) -> Path:
+        cfg = self.cfg
+        return write_overrides(self.out / "params" / "session.yaml", {
+            "controller_node": {"policy": "", "arm_on_start": False, "watchdog_timeout": WATCHDOG_TIMEOUT,
+                                "diagnostics_period": 0.2, "exploration": {
+                                    "enabled": True, "amplitude": float(cfg.exploration_amplitude),
+                                    "seed": int(cfg.seed)}},
+            "trainer_node": {"session_dir": str(self.out / "session"), "run_dir": str(self.out / "retrain"),
+                             "train_config": str(Path(cfg.source).resolve()), "retrain_after_trial": False,
+                             "warm_start": True, "retrain_threads": int(cfg.threads),
+                             "retrain_timeout": float(self.o.retrain_timeout), "diagnostics_period": 0.2,
+                             "notes": self.o.notes or f"mcpilco session --sim, {self.trials} trials"},
+        })
+
+    def start_nodes(self) -> None:
+        from mcpilco_core.paths import config_dir
+
+        params = self._params()
+        self.nodes.start("controller_node", "controller_node", [self.robot_file, params])
+        self.nodes.start("trainer_node", "trainer_node", [self.robot_file, config_dir() / "trainer.yaml", params])
+        self.ros = RosClient(self.nodes, ("controller_node", "trainer_node"))
+        timeout = self.o.startup_timeout
+        self.ros.wait(lambda: self.ros.value("controller_node", "exploring") == "True", timeout,
+                      "controller_node up, exploring (its diagnostics)")
+        self.ros.wait(lambda: self.ros.value("trainer_node", "controller_policy_version") == "none", timeout,
+                      "trainer_node up and hearing the controller")
+        self.say(f"nodes up: controller_node (no policy, exploration +-{self.cfg.exploration_amplitude} N m), "
+                 f"trainer_node (session {self.out / 'session'}); logs in {self.out / 'logs'}")
+
+    # ------------------------------------------------------------------ one trial
+    def initial_state(self, k: int) -> np.ndarray:
+        """The learner's initial state of trial k (curriculum box; the post-disturbance pool is not used)."""
+        from mcpilco_core.learner import initial_distribution, trial_generators
+
+        rng, _ = trial_generators(self.cfg.seed, k)
+        return initial_distribution(self.cfg, k, np.zeros((0, 4))).sample_numpy(1, rng)[0]
+
+    def run_trial(self, k: int, policy: Path | None, version: str) -> TrialRow:
+        """Start the simulated robot, record it while the armed controller acts, stop; the trial's row."""
+        from mcpilco_core.session_cli import trial_cost
+        from mcpilco_core.trials import Session as SessionDir
+        from mcpilco_core.trials import load_trial
+
+        ros, started = self.ros, time.perf_counter()
+        duration = self.cfg.exploration_duration if k == 0 else self.cfg.trial_duration
+        x0 = self.initial_state(k)
+        record = self.out / "trials" / f"trial_{k:03d}.npz"
+        sim_params = write_overrides(self.out / "params" / f"sim_trial_{k:03d}.yaml", {"sim_driver_node": {
+            "mode": "lockstep", "lockstep_timeout": LOCKSTEP_TIMEOUT, "initial_state": [float(v) for v in x0],
+            "duration": float(duration), "record_file": str(record), "exit_when_done": True}})
+        name = f"sim_driver_trial_{k:03d}"
+        what = "exploration, random torques" if k == 0 else f"policy {version}"
+        self.say(f"trial {k}/{self.trials - 1}: {what}, {duration:g} s from x0 = {np.round(x0, 3).tolist()}")
+        sim = self.nodes.start(name, "sim_driver_node", [self.robot_file, sim_params])
+        ros.trigger(ros.start_trial, "start_trial")
+        ros.wait(lambda: int(ros.value("trainer_node", "states_recorded", "0")) > 0, self.o.startup_timeout,
+                 f"trainer recording the simulated robot ({self.nodes.tail(name)})")
+        ros.set_bool(ros.enable, True, "arm the controller")
+        ros.wait(lambda: sim.poll() is not None, self.o.trial_timeout, f"trial {k} finished")
+        stopped = ros.trigger(ros.stop_trial, "stop_trial")
+        ros.set_bool(ros.enable, False, "disarm the controller")
+        self.nodes.stop(name)
+        if sim.returncode != 0 or not record.is_file():
+            raise SessionError(f"simulated robot of trial {k} ended with code {sim.returncode}: "
+                               f"{self.nodes.tail(name)}")
+        trial = load_trial(self.out / "session" / f"trial_{k:03d}", self.cfg.robot)
+        lost = int(np.load(record)["lockstep_timeouts"])
+        total, mean = trial_cost(trial, self.cfg.cost)
+        entry = SessionDir.open(self.out / "session").info["trials"][k]
+        row = TrialRow(k, "explore" if k == 0 else "policy", str(policy or ""), version, x0.tolist(), duration,
+                       dict(entry["messages"]), int(trial.valid.sum()), mean, total,
+                       timings_s={"trial": time.perf_counter() - started})
+        self.say(f"trial {k}: bag trial_{k:03d} closed ({stopped.split(': ', 1)[-1]}); "
+                 f"{row.transitions} transitions of {self.cfg.robot.policy_period * 1e3:g} ms, cost {row.cost_sum:.2f} "
+                 f"(mean {row.cost:.3f} per state)"
+                 f"{f', {lost} steps without an answer' if lost else ''}")
+        return row
+
+    # ------------------------------------------------------------------ retraining
+    def start_retrain(self, k: int) -> int:
+        before = int(self.ros.value("trainer_node", "retrains_finished", "0"))
+        self.ros.trigger(self.ros.retrain, "retrain")
+        self.say(f"retrain {k}: fitting the model and optimising the policy on trials 0..{k - 1} "
+                 f"(trainer's separate process)")
+        return before
+
+    def finish_retrain(self, k: int, before: int, started: float) -> tuple[Path, str, dict]:
+        """Wait for the retrain to end and for the controller to run its policy; (policy file, version, entry)."""
+        ros = self.ros
+        ros.wait(lambda: int(ros.value("trainer_node", "retrains_finished", "0")) > before, self.o.retrain_timeout,
+                 f"retrain {k}")
+        last = ros.value("trainer_node", "last_retrain")
+        if last.startswith(("failed", "stopped")):
+            raise SessionError(f"retrain {k} {last}")
+        entry = json.loads((self.out / "retrain" / "retrain.json").read_text(encoding="utf-8"))["retrains"][-1]
+        version = entry["policy_version"]
+        ros.wait(lambda: ros.value("controller_node", "policy_version") == version
+                 and ros.value("trainer_node", "controller_policy_version") == version, 60.0,
+                 f"controller running policy {version} (trainer: {ros.value('trainer_node', 'last_reload')})")
+        timings = entry.get("timings_s", {})
+        self.say(f"retrain {k}: {Path(entry['policy']).name} in {time.perf_counter() - started:.1f} s ("
+                 + ", ".join(f"{name} {v:.1f} s" for name, v in timings.items())
+                 + f"; final model cost {entry.get('final_model_cost') or float('nan'):.3f}); hot-reloaded")
+        return Path(entry["policy"]), version, entry
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, row: TrialRow) -> None:
+        from mcpilco_core.evaluation import ControllerSpec, evaluate_seeds
+
+        start = time.perf_counter()
+        results = evaluate_seeds(ControllerSpec(str(self.robot_file), row.policy), self.eval_seeds,
+                                 jobs=self.o.eval_jobs, duration=self.o.eval_duration)
+        row.eval_scores = [float(r.score) for r in results]
+        row.eval_score = float(np.mean(row.eval_scores))
+        row.timings_s["evaluation"] = time.perf_counter() - start
+        self.say(f"trial {row.trial} policy {row.policy_version}: evaluation score {row.eval_score:.4f} "
+                 f"(seeds {list(self.eval_seeds)}, {self.o.eval_duration:g} s protocol)")
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        self.say(f"session: {self.cfg.robot.robot}, {self.trials} trials, training config {self.cfg.source}, "
+                 f"out {self.out}")
+        try:
+            self.start_nodes()
+            self._loop()
+        finally:
+            self.shutdown()
+        return self.report()
+
+    def _loop(self) -> None:
+        policy, version = None, "none"
+        for k in range(self.trials):
+            row = self.run_trial(k, policy, version)
+            self.rows.append(row)
+            if k == 0:
+                self.ros.set_bool(self.ros.explore, False, "exploration off")
+            retrain = None
+            if k + 1 < self.trials:
+                retrain = (self.start_retrain(k + 1), time.perf_counter())
+            if k > 0:
+                self.evaluate(row)   # while the trainer's process retrains
+            if retrain is not None:
+                policy, version, _ = self.finish_retrain(k + 1, *retrain)
+                row.timings_s["retrain_after"] = time.perf_counter() - retrain[1]
+
+    def shutdown(self) -> None:
+        if self.ros is not None:
+            self.ros.close()
+            self.ros = None
+        self.nodes.stop_all()
+
+    # ------------------------------------------------------------------ report
+    def report(self) -> dict:
+        from mcpilco_core.session_cli import plot_session_curve
+
+        rows = [vars(r) for r in self.rows]
+        final = self.rows[-1]
+        shutil.copyfile(final.policy, self.out / "policy.npz")
+        plot = plot_session_curve(rows, self.out / "learning_curve.png",
+                                  f"mcpilco session --sim: {self.cfg.robot.robot}, {Path(self.cfg.source).name}")
+        result = {"robot": self.cfg.robot.robot, "train_config": str(self.cfg.source), "trials": rows,
+                  "final_policy": final.policy, "final_policy_version": final.policy_version,
+                  "final_score": final.eval_score, "final_scores": final.eval_scores,
+                  "eval_seeds": list(self.eval_seeds), "eval_duration_s": self.o.eval_duration,
+                  "wall_s": time.perf_counter() - self.t0, "learning_curve": str(plot)}
+        (self.out / "session.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        self.say(f"learning curve: mean cost per trial {[round(r.cost, 3) for r in self.rows]}, evaluation score per "
+                 f"trial {[None if r.eval_score is None else round(r.eval_score, 4) for r in self.rows]}")
+        self.say(f"final policy {final.policy_version}: score {final.eval_score:.4f} over seeds "
+                 f"{list(self.eval_seeds)} ({self.o.eval_duration:g} s protocol); wrote {plot}, "
+                 f"{self.out / 'session.json'}, {self.out / 'policy.npz'}")
+        return result
+
+
+def run_session(options: SessionOptions) -> dict:
+    """Run a whole simulated session (module docstring); returns session.json's content.
+
+    SIGTERM is turned into KeyboardInterrupt while it runs, so every exit path stops the node processes.
+    """
+    import os
+
+    env = ros_environment()
+    for key in ROS_ENV_KEYS:        # this process's own node must share the nodes' domain
+        os.environ[key] = env[key]
+    session = Session(options)
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return session.run()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--robot", choices=ROBOTS, default="pendubot")
+    parser.add_argument("--sim", action="store_true", required=True,
+                        help="against the simulated robot (required: on hardware run the nodes yourself, "
+                             "see docs/sessions.md)")
+    parser.add_argument("--trials", type=int, help="trials including trial 0 (default: the training config's)")
+    parser.add_argument("--config", type=Path, help="training YAML (default: the bundled config/train_<robot>.yaml)")
+    parser.add_argument("--out", type=Path, required=True, help="new output directory, e.g. runs/session_pendubot")
+    parser.add_argument("--eval-seeds", type=int, nargs="+", default=[],
+                        help="evaluation protocol seeds (default: the training config's, else 100)")
+    parser.add_argument("--eval-duration", type=float, default=60.0, help="s of evaluation protocol (default 60)")
+    parser.add_argument("--jobs", type=int, default=1, help="evaluation worker processes")
+    parser.add_argument("--trial-timeout", type=float, default=600.0, help="s of wall time per trial")
+    parser.add_argument("--retrain-timeout", type=float, default=7200.0, help="s of wall time per retrain")
+    parser.add_argument("--notes", default="", help="free text for session.yaml")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mcpilco_core.session_cli import default_train_config
+
+    options = SessionOptions(robot=args.robot, train_config=args.config or default_train_config(args.robot),
+                             out=args.out, trials=args.trials, eval_seeds=tuple(args.eval_seeds),
+                             eval_duration=args.eval_duration, eval_jobs=args.jobs,
+                             trial_timeout=args.trial_timeout, retrain_timeout=args.retrain_timeout,
+                             notes=args.notes, quiet=args.quiet)
+    try:
+        run_session(options)
+    except (SessionError, ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every node process was stopped; the bags recorded so far are complete",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def register(subparsers) -> None:
+    """``mcpilco session``: for mcpilco_core.cli's COMMAND_MODULES (imports nothing of ROS here)."""
+    p = subparsers.add_parser("session", help="the hardware loop (explore, record, retrain, reload) against the "
+                                              "simulated robot over ROS", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mcpilco_ros.session", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return _run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""``mcpilco session --sim``: the whole hardware loop over ROS (simulated robot, controller, trainer as processes),
+with the tiny training configuration: trial 0 explores, the trainer records, retrains, hot-reloads, trial 1 runs
+the new policy, and the session ends with the learning curve and the final score. Also: Ctrl-C stops every node,
+and the CLI registers the command without importing rclpy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("rclpy")
+from _ros_helpers import REPO, ros_env, wait_for  # noqa: E402
+
+from mcpilco_core.config import load_robot_config  # noqa: E402
+from mcpilco_core.policy import load_policy  # noqa: E402
+from mcpilco_core.trials import load_trial  # noqa: E402
+from mcpilco_ros.session import Session, SessionOptions  # noqa: E402
+
+TINY = REPO / "config" / "train_tiny.yaml"
+
+pytestmark = pytest.mark.timeout(110)
+
+
+def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path):
+    out = tmp_path / "run"
+    session = Session(SessionOptions(robot="pendubot", train_config=TINY, out=out, trials=2, eval_seeds=(100,),
+                                     eval_duration=5.0, quiet=True))
+    result = session.run()
+    assert session.nodes.procs == {} and all(p.poll() is not None for p in session.nodes.started)
+    assert len(session.nodes.started) == 4   # controller, trainer, one simulated robot per trial
+
+    config = load_robot_config(REPO / "config" / "pendubot.yaml")
+    explore, learned = (load_trial(out / "session" / f"trial_{k:03d}", config) for k in (0, 1))
+    # trial 0: exploration torques on the shoulder only, within the training config's amplitude (3 N m)
+    assert set(explore.mode) == {"explore"} and explore.policy_version == "none"
+    assert np.all(explore.u[:, 1] == 0.0) and 2.0 < np.abs(explore.u[:, 0]).max() <= 3.0
+    assert len(explore) == 99 and explore.valid.all()   # 2 s at 20 ms, no state lost
+    # trial 1: the retrained policy, hot-reloaded into the running controller
+    retrains = json.loads((out / "retrain" / "retrain.json").read_text())["retrains"]
+    assert len(retrains) == 1 and retrains[0]["trials"] == 1
+    version = retrains[0]["policy_version"]
+    assert set(learned.mode) <= {"policy", "lqr", "damping"} and "policy" in set(learned.mode)
+    assert learned.policy_version == version and np.all(learned.u[:, 1] == 0.0)
+    info = yaml.safe_load((out / "session" / "session.yaml").read_text())
+    assert [t["status"] for t in info["trials"]] == ["complete", "complete"]
+
+    assert [row["trial"] for row in result["trials"]] == [0, 1]
+    assert result["trials"][0]["eval_score"] is None and 0.0 <= result["final_score"] <= 1.0
+    assert result["final_policy_version"] == version == load_policy(out / "policy.npz").version()
+    assert all(0.0 < row["cost"] < 1.0 for row in result["trials"])
+    assert (out / "learning_curve.png").stat().st_size > 10_000
+    assert json.loads((out / "session.json").read_text())["final_score"] == result["final_score"]
+
+
+def node_processes_of(out: Path) -> list[int]:
+    """PIDs of live processes started with a params file under ``out`` (the session's node processes)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if str(out) in cmdline and "--params-file" in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_session_stops_every_node(tmp_path, sig):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mcpilco_ros.session", "--sim", "--config", str(TINY), "--trials", "2",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "trial 0/1" in line:   # controller and trainer up, the simulated robot starting
+                break
+        assert node_processes_of(out), "no node process found while the session runs"
+        proc.send_signal(sig)
+        output = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 130, output
+        assert "interrupted" in output
+        wait_for(lambda: not node_processes_of(out), 10, "every node process ended")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in node_processes_of(out):   # only if the test failed: never leave nodes behind
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_cli_registers_session_without_importing_rclpy():
+    code = ("import sys; from mcpilco_core.cli import build_parser; "
+            "build_parser().parse_args(['session', '--sim', '--out', 'x', '--trials', '2']); "
+            "assert 'rclpy' not in sys.modules, 'rclpy imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_refuses_an_existing_session_and_too_few_trials(tmp_path):
+    (tmp_path / "run" / "session").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds a session already"):
+        Session(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=2))
+    with pytest.raises(ValueError, match="at least 2"):
+        Session(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "new", trials=1))
