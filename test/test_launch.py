@@ -1,12 +1,13 @@
 """The launch files, without ROS's launch packages (not installable here, DESIGN.md section 7).
 
 Each launch file is imported with stand-in ``launch`` / ``launch_ros`` / ``ament_index_python`` modules that
-only record what the file asks for. Checked: arguments (hardware, policy, config, driver_config), that every
-executable is a console script of setup.py whose entry point imports, that every parameter file exists and
-its top-level keys are the node's name or ``/**``, that inline parameters are declared by the node, and which
-nodes each ``hardware:=`` value starts. Then the command line launch_ros would build for the controller
-(robot params file + the inline overrides as a node-keyed params file) is run for real, to prove the
-launch arguments override the params file. The real ``launch_testing`` test is test_launch_testing.py.
+only record what the file asks for. Checked: arguments (hardware, policy, config, driver_config, trainer,
+trainer_config), that every executable is a console script of setup.py whose entry point imports, that every
+parameter file exists and its top-level keys are the node's name or ``/**``, that inline parameters are declared
+by the node, and which nodes each ``hardware:=`` / ``trainer:=`` value starts. Then the command line launch_ros
+would build for the controller (robot params file + the inline overrides as a node-keyed params file) is run for
+real, to prove the launch arguments override the params file. The real ``launch_testing`` test is
+test_launch_testing.py.
 """
 
 from __future__ import annotations
@@ -139,9 +140,11 @@ def started(description: LaunchDescription, args: dict[str, str]) -> list[Node]:
 @pytest.mark.parametrize("robot", ROBOTS)
 def test_launch_arguments(robot, monkeypatch):
     args = arguments(load_launch(robot, monkeypatch))
-    assert set(args) == {"hardware", "policy", "config", "driver_config"}
-    assert args["hardware"].kwargs["default_value"] == "false"
-    assert args["hardware"].kwargs["choices"] == ["false", "true"]
+    assert set(args) == {"hardware", "policy", "config", "driver_config", "trainer", "trainer_config"}
+    for flag in ("hardware", "trainer"):
+        assert args[flag].kwargs["default_value"] == "false"
+        assert args[flag].kwargs["choices"] == ["false", "true"]
+    assert Path(args["trainer_config"].kwargs["default_value"]) == REPO / "config" / "trainer.yaml"
     assert args["policy"].kwargs["default_value"] == ""
     assert Path(args["config"].kwargs["default_value"]) == REPO / "config" / f"{robot}.yaml"
     assert all(a.kwargs.get("description") for a in args.values())
@@ -149,12 +152,14 @@ def test_launch_arguments(robot, monkeypatch):
 
 @pytest.mark.parametrize("robot", ROBOTS)
 @pytest.mark.parametrize("hardware", ["false", "true"])
-def test_every_node_is_a_console_script_with_existing_matching_params_files(robot, hardware, monkeypatch):
+@pytest.mark.parametrize("trainer", ["false", "true"])
+def test_every_node_is_a_console_script_with_existing_matching_params_files(robot, hardware, trainer, monkeypatch):
     description = load_launch(robot, monkeypatch)
-    args = defaults(description, hardware=hardware)
+    args = defaults(description, hardware=hardware, trainer=trainer)
     scripts = console_scripts()
     nodes = started(description, args)
     expected = {"controller_node", "moteus_driver_node" if hardware == "true" else "sim_driver_node"}
+    expected |= {"trainer_node"} if trainer == "true" else set()
     assert {n.kwargs["executable"] for n in nodes} == expected
     for node in nodes:
         executable, name = node.kwargs["executable"], node.kwargs["name"]
