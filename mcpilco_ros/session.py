@@ -304,7 +304,7 @@ class Session:
             "duration": float(duration), "record_file": str(record), "exit_when_done": True}})
         name = f"sim_driver_trial_{k:03d}"
         what = "exploration, random torques" if k == 0 else f"policy {version}"
-        self.say(f"trial {k}/{self.trials - 1}: {what}, {duration:g} s from x0 = {np.round(x0, 3).tolist()}")
+        self.say(f"trial {k}/{self.trials - 1}: {what}, {duration:g} s from x0 = {(np.round(x0, 3) + 0.0).tolist()}")
         sim = self.nodes.start(name, "sim_driver_node", [self.robot_file, sim_params])
         ros.trigger(ros.start_trial, "start_trial")
         ros.wait(lambda: int(ros.value("trainer_node", "states_recorded", "0")) > 0, self.o.startup_timeout,
