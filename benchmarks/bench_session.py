@@ -3,7 +3,7 @@
     python benchmarks/bench_session.py [--trials 5] [--out runs/bench_session] [--scale small|full]
 
 ``--scale small`` (default) writes a reduced copy of config/train_pendubot.yaml into the output directory
-(200 particles, 100 basis functions, 150 GP points per joint, <= 250 optimisation steps per retrain, 300 GP fit
+(100 particles, 100 basis functions, 100 GP points per joint, <= 150 optimisation steps per retrain, 200 GP fit
 steps; horizon, trial length, cost and curriculum unchanged) and runs it; ``full`` uses the file as it is (hours).
 Prints each phase (the session's own progress output), then the learning curve, the final evaluation score
 (60 s protocol) and the wall and CPU time of the whole run (this process and every node/retrain process).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-SMALL = {"particles": 200, "policy": {"num_basis": 100},
-         "gp": {"fit_steps": 300, "fit_points": 400, "max_points": 150},
-         "optimizer": {"max_steps_first": 250, "max_steps": 250, "patience": 100}, "progress": False}
+SMALL = {"particles": 100, "policy": {"num_basis": 100},
+         "gp": {"fit_steps": 200, "fit_points": 300, "max_points": 100},
+         "optimizer": {"max_steps_first": 150, "max_steps": 150, "patience": 60}, "progress": False}
 
 
 def small_config(out: Path) -> Path:

@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,50 @@ ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID", "ROS_LOG_DIR",
 LOCKSTEP_TIMEOUT = 5.0      # s of wall time before the simulated robot steps without an answer (busy machine)
 WATCHDOG_TIMEOUT = 5.0      # s, the controller's: lockstep time is simulated, the wall clock may lag
 POLL = 0.02                 # s between checks of a condition
+
+
+class InterruptGuard:
+    """SIGINT/SIGTERM -> KeyboardInterrupt, except inside :meth:`critical`, where it waits until the section ends.
+
+    Why: an interrupt inside ``subprocess.Popen`` (after the fork, before it returns) would leave a node process
+    nobody knows about; one inside the shutdown would abandon the nodes not yet stopped.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+        self._previous: dict = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.depth:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        """Take over the signals (main thread only; elsewhere Python cannot install handlers)."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    @contextmanager
+    def critical(self, reraise: bool = True) -> Iterator[None]:
+        """No KeyboardInterrupt inside; a signal that came meanwhile raises it at the end (if ``reraise``)."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending:
+                self.pending = False
+                if reraise:
+                    raise KeyboardInterrupt
 
 
 class SessionError(RuntimeError):
@@ -104,18 +150,21 @@ class TrialRow:
 class NodeProcesses:
     """Node subprocesses with their logs; :meth:`stop_all` ends every one (newest first)."""
 
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_dir: Path, env: dict[str, str], guard: InterruptGuard | None = None) -> None:
         self.log_dir, self.env = log_dir, env
+        self.guard = guard or InterruptGuard()
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: list[subprocess.Popen] = []     # every process ever started (tests check they all ended)
         self._logs: list[Any] = []
 
     def start(self, name: str, module: str, params: list[Path]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        self._logs.append(log)
-        proc = subprocess.Popen(node_command(module, params), env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs[name] = proc
-        self.started.append(proc)
+        with self.guard.critical():   # registered before an interrupt can leave it unknown
+            log = open(self.log_dir / f"{name}.log", "wb")
+            self._logs.append(log)
+            proc = subprocess.Popen(node_command(module, params), env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+            self.procs[name] = proc
+            self.started.append(proc)
         return proc
 
     def check_alive(self, names: tuple[str, ...]) -> None:
@@ -244,7 +293,11 @@ class Session:
         self.robot_file = Path(self.cfg.robot.source).resolve()
         self.rows: list[TrialRow] = []
         self.t0 = time.perf_counter()
-        self.nodes = NodeProcesses(self.out / "logs", ros_environment())
+        env = ros_environment()
+        for key in ROS_ENV_KEYS:        # this process's own node must share the nodes' domain
+            os.environ[key] = env[key]
+        self.guard = InterruptGuard()
+        self.nodes = NodeProcesses(self.out / "logs", env, self.guard)
         self.ros: RosClient | None = None
 
     def say(self, message: str) -> None:
@@ -372,13 +425,17 @@ class Session:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
+        """The whole session; SIGINT and SIGTERM become KeyboardInterrupt meanwhile (see InterruptGuard), so every
+        exit path stops the nodes."""
         self.say(f"session: {self.cfg.robot.robot}, {self.trials} trials, training config {self.cfg.source}, "
                  f"out {self.out}")
+        self.guard.install()
         try:
             self.start_nodes()
             self._loop()
         finally:
             self.shutdown()
+            self.guard.restore()
         return self.report()
 
     def _loop(self) -> None:
@@ -398,10 +455,14 @@ class Session:
                 row.timings_s["retrain_after"] = time.perf_counter() - retrain[1]
 
     def shutdown(self) -> None:
-        if self.ros is not None:
-            self.ros.close()
-            self.ros = None
-        self.nodes.stop_all()
+        """Close this process's node, then stop every node process; another Ctrl-C meanwhile is ignored."""
+        with self.guard.critical(reraise=False):
+            try:
+                if self.ros is not None:
+                    ros, self.ros = self.ros, None
+                    ros.close()
+            finally:
+                self.nodes.stop_all()
 
     # ------------------------------------------------------------------ report
     def report(self) -> dict:
@@ -427,27 +488,8 @@ class Session:
 
 
 def run_session(options: SessionOptions) -> dict:
-    """Run a whole simulated session (module docstring); returns session.json's content.
-
-    SIGTERM is turned into KeyboardInterrupt while it runs, so every exit path stops the node processes.
-    """
-    import os
-
-    env = ros_environment()
-    for key in ROS_ENV_KEYS:        # this process's own node must share the nodes' domain
-        os.environ[key] = env[key]
-    session = Session(options)
-
-    def _terminate(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        return session.run()
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+    """Run a whole simulated session (module docstring); returns session.json's content."""
+    return Session(options).run()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def test_interrupting_the_session_stops_every_node(tmp_path, sig):
         output = proc.communicate(timeout=60)[0]
         assert proc.returncode == 130, output
         assert "interrupted" in output
-        wait_for(lambda: not node_processes_of(out), 10, "every node process ended")
+        wait_for(lambda: not node_processes_of(out), 10, f"every node process ended ({node_processes_of(out)}): "
+                 f"{output}")
     finally:
         if proc.poll() is None:
             proc.kill()
