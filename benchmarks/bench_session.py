@@ -3,7 +3,7 @@
     python benchmarks/bench_session.py [--trials 5] [--out runs/bench_session] [--scale small|full]
 
 ``--scale small`` (default) writes a reduced copy of config/train_pendubot.yaml into the output directory
-(100 particles, 100 basis functions, 100 GP points per joint, <= 150 optimisation steps per retrain, 200 GP fit
+(64 particles, 50 basis functions, 80 GP points per joint, <= 100 optimisation steps per retrain, 150 GP fit
 steps; horizon, trial length, cost and curriculum unchanged) and runs it; ``full`` uses the file as it is (hours).
 Prints each phase (the session's own progress output), then the learning curve, the final evaluation score
 (60 s protocol) and the wall and CPU time of the whole run (this process and every node/retrain process).
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-SMALL = {"particles": 100, "policy": {"num_basis": 100},
-         "gp": {"fit_steps": 200, "fit_points": 300, "max_points": 100},
-         "optimizer": {"max_steps_first": 150, "max_steps": 150, "patience": 60}, "progress": False}
+SMALL = {"particles": 64, "policy": {"num_basis": 50},
+         "gp": {"fit_steps": 150, "fit_points": 300, "max_points": 80},
+         "optimizer": {"max_steps_first": 100, "max_steps": 100, "patience": 50}, "progress": False}
 
 
 def small_config(out: Path) -> Path:
