@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-os.environ.setdefault("ROS_DOMAIN_ID", str(150 + os.getpid() % 50))
+os.environ.setdefault("ROS_DOMAIN_ID", str(200 + os.getpid() % 30))
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_bench_log_"))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 

@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 200))
+os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 99))  # 1-99: tests (demo 100-199, benchmarks 200-229)
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_ros_log_"))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")

@@ -1,7 +1,8 @@
 # Source me: ROS 2 settings that keep every node and test on this machine (DESIGN.md section 7).
+# ROS_DOMAIN_ID is left to its users, in disjoint ranges: tests 1-99 (test/conftest.py), demo and session
+# 100-199 (mcpilco_ros/demo.py), benchmarks 200-229.
 export AMENT_PREFIX_PATH="${AMENT_PREFIX_PATH:-${VIRTUAL_ENV:-$(pwd)/.venv}}"
 export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
-export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$(( 1 + $$ % 200 ))}"
 export ROS_LOG_DIR="${ROS_LOG_DIR:-$(mktemp -d -t mcpilco_roslog.XXXXXX)}"
 export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
 export MPLBACKEND="${MPLBACKEND:-Agg}"
