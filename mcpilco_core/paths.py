@@ -35,3 +35,12 @@ def config_dir() -> Path:
 
 def policies_dir() -> Path:
     return share_dir() / "policies"
+
+
+def shipped_policy(robot: str) -> Path | None:
+    """The policy shipped for ``robot`` (``policies/<robot>.npz``: the best one we trained), or None."""
+    try:
+        path = policies_dir() / f"{robot}.npz"
+    except FileNotFoundError:
+        return None
+    return path if path.is_file() else None

@@ -27,14 +27,10 @@ ROBOTS = ("pendubot", "acrobot")
 
 
 def best_shipped_policy(robot: str) -> Path | None:
-    """The newest shipped policy for ``robot`` (``policies/<robot>*.npz``), or None (LQR + damping)."""
-    from mcpilco_core.paths import policies_dir
+    """The shipped policy for ``robot`` (``policies/<robot>.npz``), or None (LQR + damping)."""
+    from mcpilco_core.paths import shipped_policy
 
-    folder = policies_dir()
-    if not folder.is_dir():
-        return None
-    candidates = sorted(folder.glob(f"{robot}*.npz"), key=lambda p: (p.stat().st_mtime, p.name))
-    return candidates[-1] if candidates else None
+    return shipped_policy(robot)
 
 
 def node_command(module: str, params_files: list[Path]) -> list[str]:

@@ -145,7 +145,8 @@ def test_launch_arguments(robot, monkeypatch):
         assert args[flag].kwargs["default_value"] == "false"
         assert args[flag].kwargs["choices"] == ["false", "true"]
     assert Path(args["trainer_config"].kwargs["default_value"]) == REPO / "config" / "trainer.yaml"
-    assert args["policy"].kwargs["default_value"] == ""
+    shipped = REPO / "policies" / f"{robot}.npz"
+    assert args["policy"].kwargs["default_value"] == (str(shipped) if shipped.is_file() else "")
     assert Path(args["config"].kwargs["default_value"]) == REPO / "config" / f"{robot}.yaml"
     assert all(a.kwargs.get("description") for a in args.values())
 
