@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .config import RobotConfig
+from .fused import PriorConstants, fused_rollout
 from .gp import (
     GPHyperparameters,
     GPPosterior,
@@ -85,6 +86,7 @@ class DynamicsModel:
     subsets: list[np.ndarray] | None = None
     posterior: GPPosterior | None = None
     fit_history: list[float] = field(default_factory=list)
+    rollout_mode: str = "fused"
 
     def __post_init__(self) -> None:
         self.plant = DoublePendulum(self.config.plant)
@@ -95,6 +97,9 @@ class DynamicsModel:
         self._constants = {"a": i1 + i2 + m2 * l1 * l1 + p.gr * p.gr * p.Ir + p.Ir, "h": m2 * l1 * r2,
                            "m12": i2 - p.gr * p.Ir, "m22": i2 + p.gr * p.gr * p.Ir,
                            "g1": p.g * (m1 * r1 + m2 * l1), "g2": p.g * m2 * r2}
+        friction = tuple((i, float(b), float(cf)) for i, (b, cf) in enumerate(zip(p.b, p.cf)) if b or cf)
+        self.prior_constants = PriorConstants(**self._constants, period=self.period, actuated=self.actuated,
+                                              friction=friction)
 
     # ------------------------------------------------------------------ features and prior
     @staticmethod
@@ -207,24 +212,41 @@ class DynamicsModel:
         return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1)
 
 
+ROLLOUT_MODES = ("fused", "compiled", "reference")
+
+
 def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generator: torch.Generator | None,
-            sample: bool = True) -> torch.Tensor:
+            sample: bool = True, mode: str | None = None) -> torch.Tensor:
     """Propagate particles x0 (P, 4) for ``steps`` policy periods; returns states (steps + 1, P, 4).
 
-    ``policy.forward_features(phi)`` gives the actuated torque (P,). Noise comes from ``generator``
-    (reparameterised, so the result is differentiable in the policy parameters and in x0). Raises
-    NonFiniteParticlesError if any state is NaN/inf, naming the first bad step.
+    ``policy.forward_features(phi)`` gives the actuated torque (P,); a policy with ``rollout_function()``
+    (:class:`~mcpilco_core.torch_policy.TorchPolicy`) supplies a faster equivalent once per rollout. Noise comes
+    from ``generator`` (reparameterised, so the result is differentiable in the policy parameters and in x0).
+    ``mode`` (default ``model.rollout_mode``): "fused" runs each transition as one autograd node with a
+    hand-written backward (:mod:`mcpilco_core.fused`), "compiled" the same through ``torch.compile`` (eager
+    fallback), "reference" the plain-autograd :meth:`DynamicsModel.step`; all equal up to rounding.
+    Raises NonFiniteParticlesError if any state is NaN/inf, naming the first bad step.
     """
+    mode = model.rollout_mode if mode is None else mode
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"rollout mode {mode!r} is not one of {ROLLOUT_MODES}")
+    if model.posterior is None:
+        raise RuntimeError("the model has not been fitted")
     noise = None
     if sample:
         noise = torch.randn((steps, x0.shape[0], 2), generator=generator, dtype=x0.dtype, device="cpu")
         noise = noise.to(x0.device)
-    states = [x0]
-    x = x0
-    for t in range(steps):
-        x = model.step(x, policy, None if noise is None else noise[t])
-        states.append(x)
-    trajectory = torch.stack(states)
+    if mode == "reference":
+        states = [x0]
+        x = x0
+        for t in range(steps):
+            x = model.step(x, policy, None if noise is None else noise[t])
+            states.append(x)
+        trajectory = torch.stack(states)
+    else:
+        noise_t = None if noise is None else noise.transpose(1, 2).contiguous()     # (steps, 2, P)
+        trajectory = fused_rollout(model.posterior.fast(), model.prior_constants, policy, x0, steps, noise_t,
+                                   compiled=mode == "compiled")
     check_finite(trajectory)
     return trajectory
 

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .gp import exp_floor
 from .policy import SumOfGaussiansPolicy
 
 
@@ -74,3 +75,82 @@ class TorchPolicy(torch.nn.Module):
         sq = torch.addmm((a * a).sum(-1), z, a.T, alpha=-2.0) + (z * z).sum(-1, keepdim=True)
         weights = self.weights if self.mask is None else self.weights * self.mask
         return self.u_max * torch.tanh(torch.exp(-sq) @ weights * (1.0 / self.u_max))
+
+    def rollout_function(self, compiled: bool = False):
+        """:meth:`forward_features` for a whole rollout, on features in rows (6, P) (the fused rollout's layout):
+        the parameter-only terms (1/l, scaled centres, masked weights) are built once, and each call is one
+        autograd node with a hand-written backward (:class:`_SumOfGaussians`; through ``torch.compile`` if
+        ``compiled``). Equal to :meth:`forward_features` up to rounding."""
+        inv = torch.exp(-self.log_lengthscales)
+        a = self.centers * inv
+        ones = torch.ones_like(a[:, :1])
+        # -|z - a|^2 = [z, |z|^2, 1] . [2a, -1, -|a|^2]
+        augmented = torch.cat([2.0 * a, -ones, -(a * a).sum(-1, keepdim=True)], -1)
+        weights = self.weights if self.mask is None else self.weights * self.mask
+        u_max = self.u_max
+        kernels = policy_kernels(compiled)
+
+        def features_to_torque(rows: torch.Tensor) -> torch.Tensor:
+            return _SumOfGaussians.apply(rows, inv, augmented, weights, u_max, kernels)
+
+        return features_to_torque
+
+
+def sum_of_gaussians_forward(rows: torch.Tensor, inv: torch.Tensor, augmented: torch.Tensor, weights: torch.Tensor,
+                             u_max: float) -> tuple[torch.Tensor, tuple]:
+    """u = u_max tanh(w . exp(A @ [z; |z|^2; 1]) / u_max), z = rows * inv for features rows (d, P), A (Nb, d + 2)
+    as built by :meth:`TorchPolicy.rollout_function`; no autograd. Exponents are clamped at the log of the
+    smallest normal float (values below are float noise, and exp's underflow path is 10-20x slower here)."""
+    z = rows * inv.unsqueeze(-1)
+    zz = torch.cat([z, (z * z).sum(0, keepdim=True), torch.ones_like(z[:1])])
+    basis = torch.mm(augmented, zz).clamp_min_(exp_floor(rows.dtype)).exp_()   # (Nb, P)
+    t = torch.tanh(torch.mv(basis.T, weights) / u_max)
+    return t * u_max, (zz, basis, t)
+
+
+def sum_of_gaussians_backward(rows: torch.Tensor, inv: torch.Tensor, augmented: torch.Tensor, weights: torch.Tensor,
+                              saved: tuple, grad_u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients w.r.t. rows, inv, augmented and weights of :func:`sum_of_gaussians_forward`.
+
+    With g = dL/ds per particle, the exponent gradient is ``basis * outer(w, g)``; it is never formed: the
+    weight and centre gradients come from one ``basis @ [g zz; g]^T`` and the input gradient from
+    ``g * ((w A)^T @ basis)`` (two passes over the (Nb, P) basis matrix instead of four)."""
+    zz, basis, t = saved
+    grad_s = grad_u * (1.0 - t * t)
+    both = torch.mm(basis, torch.cat([zz * grad_s, grad_s.unsqueeze(0)]).T)      # (Nb, d + 3)
+    grad_weights = both[:, -1]
+    grad_augmented = both[:, :-1] * weights.unsqueeze(-1)
+    grad_zz = torch.mm((augmented * weights.unsqueeze(-1)).T, basis).mul_(grad_s)  # (d + 2, P)
+    d = rows.shape[0]
+    grad_z = torch.addcmul(grad_zz[:d], zz[:d], grad_zz[d:d + 1], value=2.0)
+    return grad_z * inv.unsqueeze(-1), (grad_z * rows).sum(1), grad_augmented, grad_weights
+
+
+_KERNELS: dict[bool, tuple] = {}
+
+
+def policy_kernels(compiled: bool) -> tuple:
+    """(forward, backward) of :class:`_SumOfGaussians`, compiled or not (shared per process)."""
+    if compiled not in _KERNELS:
+        from .fused import MaybeCompiled
+
+        _KERNELS[compiled] = (MaybeCompiled(sum_of_gaussians_forward, compiled),
+                              MaybeCompiled(sum_of_gaussians_backward, compiled))
+    return _KERNELS[compiled]
+
+
+class _SumOfGaussians(torch.autograd.Function):
+    """:func:`sum_of_gaussians_forward` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, rows, inv, augmented, weights, u_max, kernels):
+        u, saved = kernels[0](rows, inv, augmented, weights, u_max)
+        ctx.save_for_backward(rows, inv, augmented, weights)
+        ctx.saved, ctx.kernels = saved, kernels
+        return u
+
+    @staticmethod
+    def backward(ctx, grad_u):
+        rows, inv, augmented, weights = ctx.saved_tensors
+        grads = ctx.kernels[1](rows, inv, augmented, weights, ctx.saved, grad_u.contiguous())
+        return (*grads, None, None)

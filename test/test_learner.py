@@ -221,3 +221,83 @@ def test_train_config_errors_name_file_and_field(tmp_path):
         load_train_config(CONFIG / "train_pendubot.yaml", "acrobot")
     for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml"):
         load_train_config(CONFIG / name)
+
+
+def _friction_model(robot):
+    from dataclasses import replace
+
+    config = load_robot_config(CONFIG / f"{robot}.yaml")
+    fitted = _fitted_model()
+    model = DynamicsModel(replace(config, plant=replace(config.plant, b=(0.05, 0.02), cf=(0.1, 0.03))))
+    model.hyper, model.subsets, model.posterior = fitted.hyper, fitted.subsets, fitted.posterior
+    assert len(model.prior_constants.friction) == 2
+    return model
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+@pytest.mark.parametrize("sample", [True, False])
+def test_fused_rollout_equals_reference_with_gradients(robot, sample):
+    """The fused rollout (hand-written backward, policy kernel) equals the plain-autograd reference in float64,
+    states and gradients w.r.t. every policy parameter and x0, with friction terms in the prior."""
+    model = _friction_model(robot)
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    policy.set_dropout(0.25, torch.Generator().manual_seed(2))
+    x0 = torch.tensor(_states(np.random.default_rng(7), 5) * 0.2, requires_grad=True)
+    results = {}
+    for mode in ("reference", "fused"):
+        traj = rollout(model, policy, x0, 7, torch.Generator().manual_seed(8), sample=sample, mode=mode)
+        cost = trajectory_cost(traj, CostSettings()) + (traj ** 2).mean()
+        results[mode] = (traj.detach(), torch.autograd.grad(cost, [x0, *policy.parameters()]))
+    torch.testing.assert_close(results["fused"][0], results["reference"][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(results["fused"][1], results["reference"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_fused_rollout_float32_close_to_reference():
+    """float32 (and the bfloat16 backward matmul): fused and reference agree to float32 noise."""
+    model = _fitted_model(torch.float32, n=60)
+    policy = TorchPolicy.random(20, 3.0, torch.Generator().manual_seed(9))
+    x0 = (torch.rand(64, 4, generator=torch.Generator().manual_seed(3)) - 0.5) * torch.tensor([6.0, 6.0, 1.0, 1.0])
+    for precision, grad_tol in (("float32", 1e-3), ("bfloat16", 0.05)):
+        model.posterior.set_backward_precision(precision)
+        out = {}
+        for mode in ("reference", "fused"):
+            traj = rollout(model, policy, x0, 30, torch.Generator().manual_seed(1), mode=mode)
+            cost = trajectory_cost(traj, CostSettings())
+            grads = torch.cat([g.flatten() for g in torch.autograd.grad(cost, list(policy.parameters()))])
+            out[mode] = traj.detach(), grads
+        torch.testing.assert_close(out["fused"][0], out["reference"][0], rtol=1e-4, atol=1e-4)
+        rel = (out["fused"][1] - out["reference"][1]).norm() / out["reference"][1].norm()
+        assert float(rel) < grad_tol, (precision, float(rel))
+
+
+def test_fused_gp_prediction_gradient_equals_reference():
+    model = _fitted_model()
+    x = torch.tensor(model.gp_inputs(_states(np.random.default_rng(3), 9) * 0.3,
+                                     np.random.default_rng(4).uniform(-3, 3, 9)), requires_grad=True)
+    weights = torch.tensor(np.random.default_rng(5).normal(size=(9, 4)))
+    results = []
+    for predict in (model.posterior.predict, model.posterior.predict_reference):
+        mean, var = predict(x)
+        value = (torch.cat([mean, var], -1) * weights).sum()
+        results.append((mean.detach(), var.detach(), torch.autograd.grad(value, x)[0]))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_rollout_falls_back_to_eager_when_compilation_fails(monkeypatch, caplog):
+    from mcpilco_core import fused, torch_policy
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(fused, "_KERNELS", {})
+    monkeypatch.setattr(torch_policy, "_KERNELS", {})
+    model = _fitted_model()
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
+    with caplog.at_level("WARNING", logger="mcpilco.fused"):
+        compiled = rollout(model, policy, x0, 5, torch.Generator().manual_seed(8), mode="compiled")
+    assert "no compiler here" in caplog.text
+    torch.testing.assert_close(compiled, rollout(model, policy, x0, 5, torch.Generator().manual_seed(8)))
