@@ -337,6 +337,7 @@ class TrialRecord:
                 "optimization_steps": opt.steps if opt else 0,
                 "final_model_cost": opt.cost[-1] if opt and opt.cost else None,
                 "stop_reason": opt.stop_reason if opt else "",
+                "skipped_optimization_steps": opt.skipped_steps if opt else 0,
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
                 "robot_cost": self.robot_cost}

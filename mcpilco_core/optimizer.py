@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .cost import CostSettings, trajectory_cost
-from .model import DynamicsModel, rollout
+from .model import DynamicsModel, NonFiniteParticlesError, rollout
 from .torch_policy import TorchPolicy
 
 
@@ -55,6 +55,7 @@ class OptimizationResult:
     ratio: list[float] = field(default_factory=list)
     wall_time: float = 0.0
     stop_reason: str = ""
+    skipped_steps: int = 0
 
     @property
     def steps(self) -> int:
@@ -99,6 +100,9 @@ class PlateauMonitor:
         return False
 
 
+MAX_SKIPPED_IN_A_ROW = 20  # consecutive steps with escaped particles or non-finite gradients before giving up
+
+
 def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                     sample_x0: Callable[[int, torch.Generator], torch.Tensor], particles: int,
                     steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
@@ -112,15 +116,32 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
     monitor = PlateauMonitor(settings.smoothing, settings.ratio_threshold, settings.patience)
     lr, dropout = settings.lr, settings.dropout
     result = OptimizationResult()
+    skipped_in_a_row = 0
     start = time.perf_counter()
     bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
     try:
         for step in range(max_steps):
             policy.set_dropout(dropout, generator)
             opt.zero_grad(set_to_none=True)
-            trajectory = rollout(model, policy, sample_x0(particles, generator), steps_horizon, generator)
+            try:
+                trajectory = rollout(model, policy, sample_x0(particles, generator), steps_horizon, generator)
+            except NonFiniteParticlesError as exc:
+                # A particle escaped (explicit-Euler prior at very high speed): skip this step's update,
+                # never propagate; give up when it keeps happening.
+                result.skipped_steps += 1
+                skipped_in_a_row += 1
+                if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+                    raise NonFiniteParticlesError(f"{exc} ({skipped_in_a_row} steps in a row)") from exc
+                continue
             loss = trajectory_cost(trajectory, cost)
             loss.backward()
+            if not all(bool(torch.isfinite(p.grad).all()) for p in policy.parameters() if p.grad is not None):
+                result.skipped_steps += 1       # a non-finite gradient would make the parameters NaN
+                skipped_in_a_row += 1
+                if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+                    raise NonFiniteParticlesError(f"non-finite policy gradient ({skipped_in_a_row} steps in a row)")
+                continue
+            skipped_in_a_row = 0
             opt.step()
             value = float(loss.detach())
             result.cost.append(value)

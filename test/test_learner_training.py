@@ -76,3 +76,41 @@ def test_cli_train_and_export(tmp_path):
     original = load_policy(out / "policy.npz")
     x = np.random.default_rng(0).normal(size=(20, 4))
     np.testing.assert_array_equal(exported(x), original(x))
+
+
+def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_persist(monkeypatch):
+    import torch
+
+    from mcpilco_core import optimizer as opt_module
+    from mcpilco_core.learner import initial_distribution, trial_generators
+    from mcpilco_core.model import NonFiniteParticlesError
+    from mcpilco_core.torch_policy import TorchPolicy
+
+    config = load_train_config(TINY, "pendubot")
+    learner = Learner(config)
+    learner.exploration_trial()
+    rng, gen = trial_generators(config.seed, 1)
+    learner.model.fit(learner.data, rng)
+    policy = TorchPolicy.random(config.num_basis, config.robot.u_max, gen)
+    sampler = initial_distribution(config, 1, learner.pool).sampler("cpu", torch.float32)
+    real_rollout, calls = opt_module.rollout, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) % 3 == 0:
+            raise NonFiniteParticlesError("1 non-finite particle states; first at step 3 (1 of 16 particles)")
+        return real_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(opt_module, "rollout", flaky)
+    result = opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 12, gen,
+                                        progress=False)
+    assert result.skipped_steps == 4 and result.steps == 8
+    assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())
+
+    def broken(*args, **kwargs):
+        raise NonFiniteParticlesError("escaped")
+
+    monkeypatch.setattr(opt_module, "rollout", broken)
+    with pytest.raises(NonFiniteParticlesError, match="in a row"):
+        opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 50, gen,
+                                   progress=False)
