@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from .gp import FastGP, moments_backward, moments_forward
+from .torch_policy import sum_of_gaussians_backward, sum_of_gaussians_forward
 
 LOG = logging.getLogger("mcpilco.fused")
 COMPILE_OPTIONS: dict = {}
@@ -171,14 +172,34 @@ class MaybeCompiled:
         return self.fn(*args)
 
 
-_KERNELS: dict[bool, tuple[MaybeCompiled, MaybeCompiled]] = {}
+def policy_step_forward(x: torch.Tensor, phi: torch.Tensor, policy: tuple, noise: torch.Tensor | None,
+                        fast: FastGP, k: PriorConstants) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """:func:`step_forward` with the torque from the sum-of-Gaussians policy (parameters ``policy`` =
+    (inv, augmented, weights, u_max), see :meth:`~mcpilco_core.torch_policy.TorchPolicy.rollout_parts`)."""
+    u, policy_saved = sum_of_gaussians_forward(phi, *policy)
+    x_next, phi_next, saved = step_forward(x, phi, u, noise, fast, k)
+    return x_next, phi_next, (policy_saved, saved)
 
 
-def step_kernels(compiled: bool) -> tuple[MaybeCompiled, MaybeCompiled]:
+def policy_step_backward(saved: tuple, grad_x: torch.Tensor, grad_phi: torch.Tensor, phi: torch.Tensor,
+                         policy: tuple, fast: FastGP, k: PriorConstants) -> tuple[torch.Tensor, ...]:
+    """Gradients w.r.t. x, phi and the policy tensors (inv, augmented, weights) of :func:`policy_step_forward`."""
+    policy_saved, step_saved = saved
+    grad_x_in, grad_phi_in, grad_u = step_backward(step_saved, grad_x, grad_phi, fast, k)
+    grad_phi_policy, *grad_policy = sum_of_gaussians_backward(phi, *policy[:3], policy_saved, grad_u)
+    return grad_x_in, grad_phi_in + grad_phi_policy, *grad_policy
+
+
+_KERNELS: dict[tuple[bool, bool], tuple[MaybeCompiled, MaybeCompiled]] = {}
+
+
+def step_kernels(compiled: bool, with_policy: bool = False) -> tuple[MaybeCompiled, MaybeCompiled]:
     """The (forward, backward) pair, shared per process so that compiled code is reused across rollouts."""
-    if compiled not in _KERNELS:
-        _KERNELS[compiled] = (MaybeCompiled(step_forward, compiled), MaybeCompiled(step_backward, compiled))
-    return _KERNELS[compiled]
+    key = (compiled, with_policy)
+    if key not in _KERNELS:
+        pair = (policy_step_forward, policy_step_backward) if with_policy else (step_forward, step_backward)
+        _KERNELS[key] = (MaybeCompiled(pair[0], compiled), MaybeCompiled(pair[1], compiled))
+    return _KERNELS[key]
 
 
 class ParticleStep(torch.autograd.Function):
@@ -197,24 +218,78 @@ class ParticleStep(torch.autograd.Function):
         return grad_x_in, grad_phi_in, grad_u, None, None, None, None
 
 
+class PolicyRollout(torch.autograd.Function):
+    """A whole rollout under the sum-of-Gaussians policy as one autograd node: (x0 (4, P), inv, augmented,
+    weights) -> states (steps + 1, 4, P). The backward runs :func:`policy_step_backward` from the last step to
+    the first and sums the policy gradients itself, so no per-step autograd bookkeeping remains."""
+
+    @staticmethod
+    def forward(ctx, x0, inv, augmented, weights, noise, steps: int, u_max: float, fast: FastGP,
+                k: PriorConstants, kernels):
+        policy = (inv, augmented, weights, u_max)
+        states = x0.new_empty(steps + 1, *x0.shape)
+        states[0] = x0
+        c0, s0 = torch.cos(x0[:2]), torch.sin(x0[:2])
+        x, phi = x0, torch.cat([x0[2:], c0, s0])
+        ctx.trig0 = (c0, s0)
+        saved = []
+        for t in range(steps):
+            x_next, phi_next, step_saved = kernels[0](x, phi, policy, None if noise is None else noise[t], fast, k)
+            saved.append((phi, step_saved))
+            states[t + 1] = x_next
+            x, phi = x_next, phi_next
+        ctx.save_for_backward(inv, augmented, weights)
+        ctx.saved, ctx.u_max, ctx.fast, ctx.k, ctx.kernels = saved, u_max, fast, k, kernels
+        return states
+
+    @staticmethod
+    def backward(ctx, grad_states):
+        inv, augmented, weights = ctx.saved_tensors
+        policy = (inv, augmented, weights, ctx.u_max)
+        grad_states = grad_states.contiguous()
+        grad_x = grad_states[-1]
+        grad_phi = torch.zeros_like(ctx.saved[0][0])
+        grad_policy = None
+        for t in range(len(ctx.saved) - 1, -1, -1):
+            phi, step_saved = ctx.saved[t]
+            grad_x, grad_phi, *grads = ctx.kernels[1](step_saved, grad_x, grad_phi, phi, policy, ctx.fast, ctx.k)
+            grad_x = grad_x + grad_states[t]
+            if grad_policy is None:
+                grad_policy = grads
+            else:
+                for total, g in zip(grad_policy, grads):
+                    total.add_(g)
+            ctx.saved[t] = None                                   # free the step's activations as we go
+        if grad_policy is None:
+            grad_policy = [None, None, None]
+        c0, s0 = ctx.trig0                                        # phi0 = [dq0, cos q0, sin q0] (built from x0 here)
+        grad_q0 = torch.addcmul(torch.addcmul(grad_x[:2], grad_phi[2:4], s0, value=-1.0), grad_phi[4:], c0)
+        grad_x0 = torch.cat([grad_q0, grad_x[2:] + grad_phi[:2]])
+        return (grad_x0, *grad_policy, None, None, None, None, None, None)
+
+
 def fused_rollout(fast: FastGP, k: PriorConstants, policy, x0: torch.Tensor, steps: int,
                   noise: torch.Tensor | None, compiled: bool = False) -> torch.Tensor:
     """States (steps + 1, P, 4) under the policy from x0 (P, 4); noise (steps, 2, P) or None (mean rollout).
 
     Internally particle-major: each state component is one contiguous row of P particles, so the small
-    per-particle ops run on contiguous vectors; the result is a transposed view of the stacked rows.
+    per-particle ops run on contiguous vectors; the result is a transposed view of the stacked rows. With a
+    policy that has ``rollout_parts()`` (:class:`~mcpilco_core.torch_policy.TorchPolicy`) the whole rollout is
+    one autograd node (:class:`PolicyRollout`); any other policy is called through ``forward_features`` with
+    its own autograd graph, and each transition is one node (:class:`ParticleStep`).
     """
-    if hasattr(policy, "rollout_function"):
-        policy_fn = policy.rollout_function(compiled=compiled)
-    else:
-        def policy_fn(rows: torch.Tensor) -> torch.Tensor:
-            return policy.forward_features(rows.T)
-    kernels = step_kernels(compiled)
     k = k.as_tensors(x0.dtype, x0.device)
     x = x0.T.contiguous()
+    if hasattr(policy, "rollout_parts"):
+        inv, augmented, weights, u_max = policy.rollout_parts()
+        states = PolicyRollout.apply(x, inv, augmented, weights, noise, steps, u_max, fast, k,
+                                     step_kernels(compiled, with_policy=True))
+        return states.transpose(1, 2)
+    kernels = step_kernels(compiled)
     phi = torch.cat([x[2:], torch.cos(x[:2]), torch.sin(x[:2])])
     states = [x]
     for t in range(steps):
-        x, phi = ParticleStep.apply(x, phi, policy_fn(phi), None if noise is None else noise[t], fast, k, kernels)
+        u = policy.forward_features(phi.T)
+        x, phi = ParticleStep.apply(x, phi, u, None if noise is None else noise[t], fast, k, kernels)
         states.append(x)
     return torch.stack(states).transpose(1, 2)

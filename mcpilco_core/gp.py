@@ -284,8 +284,9 @@ class FastGP:
 
     ``L^-T`` is upper triangular, so the matmuls skip its zero blocks: output column block [lo, hi) of the
     forward product needs only the first ``hi`` kernel columns, and column block [lo, hi) of the backward
-    product only the gradient columns from ``lo`` on (``forward_blocks`` / ``backward_blocks``, a staircase
-    of ``STAIRCASE_BLOCKS`` column blocks: 5/8 of the full work with 4 blocks). Same sums, no approximation.
+    product only the gradient columns from ``lo`` on (``forward_blocks`` / ``backward_blocks``: (lo, hi, the
+    block's nonzero rows as a contiguous matrix), a staircase of ``STAIRCASE_BLOCKS`` column blocks: 5/8 of the
+    full work with 4 blocks). Same sums, no approximation.
     """
 
     inv_lengthscales: torch.Tensor
@@ -295,7 +296,7 @@ class FastGP:
     signal: torch.Tensor
     noise: torch.Tensor
     n: int
-    forward_blocks: list[tuple[int, int, int]]
+    forward_blocks: list[tuple[int, int, torch.Tensor]]
     backward_blocks: list[tuple[int, int, torch.Tensor]]
     exp_floor: float
 
@@ -309,7 +310,8 @@ class FastGP:
         points = torch.cat([post.scaled_inputs.transpose(1, 2), torch.ones_like(post.half_sq_norms)[:, None, :],
                             -post.half_sq_norms[:, None, :]], 1).contiguous()
         edges = sorted({min(n, round(b * n / blocks / _ALIGN) * _ALIGN) for b in range(blocks)} - {n})
-        forward_blocks = [(lo, hi, hi) for lo, hi in zip(edges[:-1], edges[1:])] + [(edges[-1], width, n)]
+        forward_blocks = [(lo, hi, packed[:, :hi, lo:hi].contiguous()) for lo, hi in zip(edges[:-1], edges[1:])]
+        forward_blocks.append((edges[-1], width, packed[:, :, edges[-1]:].contiguous()))
         backward_matrix = packed.transpose(1, 2).to(precision).contiguous()
         backward_blocks = [(lo, hi, backward_matrix[:, lo:n + 1, lo:hi].contiguous())
                            for lo, hi in zip(edges, edges[1:] + [n])]
@@ -332,12 +334,11 @@ def moments_forward(fast: FastGP, x: torch.Tensor) -> tuple[torch.Tensor, torch.
     z = torch.cat([xs, (xs * xs).sum(1, keepdim=True).mul_(-0.5), torch.ones_like(xs[:, :1])], 1)
     k = torch.bmm(z.transpose(1, 2), fast.kernel_points).clamp_min_(fast.exp_floor).exp_()   # k/sf2 (n_out, P, n)
     if torch.compiler.is_compiling():
-        out = torch.cat([torch.bmm(k[..., :rows], fast.packed[:, :rows, lo:hi])
-                         for lo, hi, rows in fast.forward_blocks], -1)
+        out = torch.cat([torch.bmm(k[..., :m.shape[1]], m) for _, _, m in fast.forward_blocks], -1)
     else:
         out = x.new_empty(n_out, x.shape[1], fast.packed.shape[2])
-        for lo, hi, rows in fast.forward_blocks:
-            torch.bmm(k[..., :rows], fast.packed[:, :rows, lo:hi], out=out[..., lo:hi])
+        for lo, hi, m in fast.forward_blocks:
+            torch.bmm(k[..., :m.shape[1]], m, out=out[..., lo:hi])
     w_norm = torch.linalg.vector_norm(out[..., : fast.n], dim=-1)
     return out[..., fast.n], fast.signal - w_norm * w_norm, (z, k, out)
 

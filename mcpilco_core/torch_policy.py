@@ -76,22 +76,25 @@ class TorchPolicy(torch.nn.Module):
         weights = self.weights if self.mask is None else self.weights * self.mask
         return self.u_max * torch.tanh(torch.exp(-sq) @ weights * (1.0 / self.u_max))
 
-    def rollout_function(self, compiled: bool = False):
-        """:meth:`forward_features` for a whole rollout, on features in rows (6, P) (the fused rollout's layout):
-        the parameter-only terms (1/l, scaled centres, masked weights) are built once, and each call is one
-        autograd node with a hand-written backward (:class:`_SumOfGaussians`; through ``torch.compile`` if
-        ``compiled``). Equal to :meth:`forward_features` up to rounding."""
+    def rollout_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """The parameter-only terms of the policy for a whole rollout, built once (with autograd) per rollout:
+        (1/l (d,), augmented centres A (Nb, d + 2) = [2a, -1, -|a|^2] with a = c/l, masked weights (Nb,), u_max),
+        so that -|z - a|^2 = A @ [z; |z|^2; 1]. Used by :func:`sum_of_gaussians_forward`."""
         inv = torch.exp(-self.log_lengthscales)
         a = self.centers * inv
-        ones = torch.ones_like(a[:, :1])
-        # -|z - a|^2 = [z, |z|^2, 1] . [2a, -1, -|a|^2]
-        augmented = torch.cat([2.0 * a, -ones, -(a * a).sum(-1, keepdim=True)], -1)
+        augmented = torch.cat([2.0 * a, -torch.ones_like(a[:, :1]), -(a * a).sum(-1, keepdim=True)], -1)
         weights = self.weights if self.mask is None else self.weights * self.mask
-        u_max = self.u_max
+        return inv, augmented, weights, self.u_max
+
+    def rollout_function(self, compiled: bool = False):
+        """:meth:`forward_features` on features in rows (6, P) (the fused rollout's layout), as one autograd node
+        per call with a hand-written backward (:class:`_SumOfGaussians`; through ``torch.compile`` if
+        ``compiled``). Equal to :meth:`forward_features` up to rounding."""
+        parts = self.rollout_parts()
         kernels = policy_kernels(compiled)
 
         def features_to_torque(rows: torch.Tensor) -> torch.Tensor:
-            return _SumOfGaussians.apply(rows, inv, augmented, weights, u_max, kernels)
+            return _SumOfGaussians.apply(*parts, rows, kernels)
 
         return features_to_torque
 
@@ -143,7 +146,7 @@ class _SumOfGaussians(torch.autograd.Function):
     """:func:`sum_of_gaussians_forward` as one autograd node."""
 
     @staticmethod
-    def forward(ctx, rows, inv, augmented, weights, u_max, kernels):
+    def forward(ctx, inv, augmented, weights, u_max, rows, kernels):
         u, saved = kernels[0](rows, inv, augmented, weights, u_max)
         ctx.save_for_backward(rows, inv, augmented, weights)
         ctx.saved, ctx.kernels = saved, kernels
@@ -152,5 +155,5 @@ class _SumOfGaussians(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_u):
         rows, inv, augmented, weights = ctx.saved_tensors
-        grads = ctx.kernels[1](rows, inv, augmented, weights, ctx.saved, grad_u.contiguous())
-        return (*grads, None, None)
+        grad_rows, *grads = ctx.kernels[1](rows, inv, augmented, weights, ctx.saved, grad_u.contiguous())
+        return (*grads, None, grad_rows, None)

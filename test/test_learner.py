@@ -301,3 +301,18 @@ def test_compiled_rollout_falls_back_to_eager_when_compilation_fails(monkeypatch
         compiled = rollout(model, policy, x0, 5, torch.Generator().manual_seed(8), mode="compiled")
     assert "no compiler here" in caplog.text
     torch.testing.assert_close(compiled, rollout(model, policy, x0, 5, torch.Generator().manual_seed(8)))
+
+
+def test_policy_rollout_function_equals_forward_features_with_gradients():
+    policy = TorchPolicy.random(12, 3.0, torch.Generator().manual_seed(4), dtype=torch.float64)
+    policy.set_dropout(0.25, torch.Generator().manual_seed(5))
+    x = torch.tensor(_states(np.random.default_rng(6), 10) * 0.3)
+    rows = torch.cat([x[:, 2:], torch.cos(x[:, :2]), torch.sin(x[:, :2])], -1).T.contiguous().requires_grad_(True)
+    u_fast = policy.rollout_function()(rows)
+    u_ref = policy.forward_features(rows.T)
+    torch.testing.assert_close(u_fast, u_ref, rtol=1e-12, atol=1e-12)
+    weights = torch.linspace(-1.0, 1.0, 10, dtype=torch.float64)
+    inputs = [rows, *policy.parameters()]
+    for a, b in zip(torch.autograd.grad((u_fast * weights).sum(), inputs),
+                    torch.autograd.grad((u_ref * weights).sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
