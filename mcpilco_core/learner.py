@@ -29,7 +29,7 @@ import torch
 from .config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
 from .cost import CostSettings, saturated_cost
 from .gp import GPSettings
-from .model import DynamicsModel, TransitionData, transitions_from_trajectory
+from .model import ROLLOUT_MODES, DynamicsModel, TransitionData, transitions_from_trajectory
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
 from .torch_policy import TorchPolicy
 
@@ -68,6 +68,7 @@ class TrainConfig:
     threads: int = 2
     dtype: str = "float32"
     backward_matmul: str = "bfloat16"
+    rollout: str = "fused"
     trials: int = 20
     exploration_duration: float = 3.0
     exploration_amplitude: float = 3.0
@@ -98,9 +99,9 @@ class TrainConfig:
         return data
 
 
-_TOP_KEYS = ["robot_config", "seed", "device", "threads", "dtype", "backward_matmul", "trials", "exploration",
-             "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost", "initial_state",
-             "evaluation", "progress"]
+_TOP_KEYS = ["robot_config", "seed", "device", "threads", "dtype", "backward_matmul", "rollout", "trials",
+             "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
+             "initial_state", "evaluation", "progress"]
 
 
 def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig:
@@ -129,6 +130,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
         dtype=r.string("dtype", d.dtype, choices=["float32", "float64"]),
         backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=["float32", "bfloat16"]),
+        rollout=r.string("rollout", d.rollout, choices=list(ROLLOUT_MODES)),
         trials=r.integer("trials", d.trials, minimum=1),
         exploration_duration=ex.number("duration", d.exploration_duration, positive=True),
         exploration_amplitude=ex.number("amplitude", d.exploration_amplitude, nonnegative=True),
@@ -349,7 +351,7 @@ class Learner:
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         torch.set_num_threads(config.threads)
-        self.model = DynamicsModel(config.robot, config.gp)
+        self.model = DynamicsModel(config.robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
         self.policy: TorchPolicy | None = None
         self.pool = np.zeros((0, 4))
