@@ -2,14 +2,20 @@
 
     python benchmarks/bench_learner.py                      # grid + whole trial (a few minutes)
     python benchmarks/bench_learner.py --grid-only --steps 3
-    python benchmarks/bench_learner.py --single 400 300 --backward bfloat16   # one point, JSON line
+    python benchmarks/bench_learner.py --single 400 300 --modes reference fused compiled   # one point, JSON line
 
-Each grid point runs in its own process so its peak resident memory (ru_maxrss) is its own. Time per
-step = one policy-optimisation step (rollout of P particles x H steps, backward, Adam), median of
-``--steps`` timed steps after one warm-up; the CPU time (process_time, all threads summed) is printed too
-because wall time on a shared machine mostly measures the neighbours. The GP posterior is built on random
-inputs of the given size (speed depends on sizes only). The whole trial = model fit on real simulator data
-(1500 Adam steps on 600 points, SoD to 300 per joint) + the measured step time x the step cap (extrapolated; said so).
+Rollout modes (``rollout`` in the training config): ``reference`` = the plain-autograd code path (the old
+implementation), ``fused`` = one autograd node per rollout with hand-written backward (default), ``compiled`` =
+fused through torch.compile. At each point the modes run **interleaved in the same process** (reference step,
+fused step, ..., repeated), so their ratio is meaningful on a loaded machine even when absolute times are not.
+
+Each grid point runs in its own process; with ``--rss`` every mode also runs alone in a process of its own so
+that its peak resident memory (ru_maxrss) is its own. Time per step = one policy-optimisation step (rollout of
+P particles x H steps, backward, Adam), median and minimum of ``--steps`` timed steps after one warm-up; the
+CPU time (process_time, all threads summed) is printed too because wall time on a shared machine mostly
+measures the neighbours. The GP posterior is built on random inputs of the given size (speed depends on sizes
+only). The whole trial = model fit on real simulator data (1500 Adam steps on 600 points, SoD to 300 per joint)
++ the measured step time x the step cap (extrapolated; said so).
 """
 
 from __future__ import annotations
@@ -54,27 +60,40 @@ def synthetic_model(gp_size: int, backward: str, seed: int = 0) -> DynamicsModel
     return model
 
 
-def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward: str) -> dict:
-    """Median wall time of one optimisation step (s) and this process's peak RSS (MB)."""
+def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward: str, modes: list[str]) -> dict:
+    """Per mode: median / minimum wall and CPU time of one optimisation step (s), modes interleaved; peak RSS (MB)."""
     model = synthetic_model(gp_size, backward)
     gen = torch.Generator().manual_seed(0)
     policy = TorchPolicy.random(200, 3.0, gen)
     opt = torch.optim.Adam(policy.parameters(), lr=0.01)
-    times, cpu = [], []
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    first: dict[str, float] = {}
     for i in range(steps + 1):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        policy.set_dropout(0.25, gen)
-        opt.zero_grad()
-        x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
-        loss = trajectory_cost(rollout(model, policy, x0, horizon, gen), CostSettings())
-        loss.backward()
-        opt.step()
-        if i:
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-    return {"particles": particles, "gp_size": gp_size, "horizon": horizon, "backward": backward,
-            "step_s": float(np.median(times)), "step_min_s": float(np.min(times)),
-            "step_cpu_s": float(np.median(cpu)), "peak_rss_mb": peak_rss_mb()}
+        for mode in modes:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            policy.set_dropout(0.25, gen)
+            opt.zero_grad()
+            x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
+            loss = trajectory_cost(rollout(model, policy, x0, horizon, gen, mode=mode), CostSettings())
+            loss.backward()
+            opt.step()
+            if i:
+                times[mode].append(time.perf_counter() - start)
+                cpu[mode].append(time.process_time() - start_cpu)
+            else:
+                first[mode] = time.perf_counter() - start    # includes compilation for "compiled"
+    base = modes[0]
+    result = {"particles": particles, "gp_size": gp_size, "horizon": horizon, "backward": backward,
+              "threads": torch.get_num_threads(), "peak_rss_mb": peak_rss_mb(), "modes": {}}
+    for mode in modes:
+        result["modes"][mode] = {
+            "step_s": float(np.median(times[mode])), "step_min_s": float(np.min(times[mode])),
+            "step_cpu_s": float(np.median(cpu[mode])), "step_cpu_min_s": float(np.min(cpu[mode])),
+            "first_step_s": first[mode],
+            "ratio_min_wall": float(np.min(times[mode]) / np.min(times[base])),
+            "ratio_min_cpu": float(np.min(cpu[mode]) / np.min(cpu[base]))}
+    return result
 
 
 def trial_fit_time() -> dict:
@@ -99,40 +118,77 @@ def trial_fit_time() -> dict:
             "sod_sizes": [len(s) for s in model.subsets]}
 
 
+def profile_steps(particles: int, gp_size: int, horizon: int, backward: str, modes: list[str], rows: int) -> None:
+    """torch.profiler table (self CPU time, top ops) of two optimisation steps per mode, after one warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = synthetic_model(gp_size, backward)
+    gen = torch.Generator().manual_seed(0)
+    policy = TorchPolicy.random(200, 3.0, gen)
+    for mode in modes:
+        def step(mode: str = mode) -> None:
+            policy.set_dropout(0.25, gen)
+            x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
+            trajectory_cost(rollout(model, policy, x0, horizon, gen, mode=mode), CostSettings()).backward()
+
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+            step()
+        print(f"== {mode}: P={particles} GP={gp_size} H={horizon}, 2 steps, {torch.get_num_threads()} thread(s)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
 def run_single(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    print(json.dumps(time_steps(args.single[0], args.single[1], args.horizon, args.steps, args.backward)))
+    print(json.dumps(time_steps(args.single[0], args.single[1], args.horizon, args.steps, args.backward, args.modes)))
+
+
+def _subprocess(args: argparse.Namespace, particles: int, gp_size: int, modes: list[str], steps: int) -> dict:
+    cmd = [sys.executable, __file__, "--single", str(particles), str(gp_size), "--backward", args.backward,
+           "--steps", str(steps), "--horizon", str(args.horizon), "--threads", str(args.threads), "--modes", *modes]
+    output = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def run_grid(args: argparse.Namespace) -> list[dict]:
     rows = []
-    points = [(p, n, b) for p in args.particles for n in args.gp_sizes for b in args.backwards]
-    for particles, gp_size, backward in points:
-        cmd = [sys.executable, __file__, "--single", str(particles), str(gp_size), "--backward", backward,
-               "--steps", str(args.steps), "--horizon", str(args.horizon), "--threads", str(args.threads)]
-        output = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        row = json.loads(output.strip().splitlines()[-1])
-        rows.append(row)
-        print(f"P={particles:4d}  GP={gp_size:4d}/joint  H={args.horizon}  backward={backward:8s}  "
-              f"step {row['step_s']:.3f} s (min {row['step_min_s']:.3f}, CPU {row['step_cpu_s']:.3f})  "
-              f"peak RSS {row['peak_rss_mb']:.0f} MB",
-              flush=True)
+    for particles in args.particles:
+        for gp_size in args.gp_sizes:
+            row = _subprocess(args, particles, gp_size, args.modes, args.steps)
+            if args.rss:
+                for mode in args.modes:
+                    row["modes"][mode]["peak_rss_mb"] = _subprocess(args, particles, gp_size, [mode], 1)["peak_rss_mb"]
+            rows.append(row)
+            for mode, r in row["modes"].items():
+                rss = f"  peak RSS {r['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in r else ""
+                print(f"P={particles:4d}  GP={gp_size:4d}/joint  H={args.horizon}  {mode:9s}  "
+                      f"step {r['step_s']:.3f} s (min {r['step_min_s']:.3f}, CPU {r['step_cpu_s']:.3f}, "
+                      f"min/min {r['ratio_min_wall']:.2f} of {args.modes[0]}){rss}", flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--single", type=int, nargs=2, metavar=("PARTICLES", "GP_SIZE"))
+    parser.add_argument("--profile", type=int, nargs=2, metavar=("PARTICLES", "GP_SIZE"),
+                        help="print a torch.profiler table per mode instead of timing")
     parser.add_argument("--particles", type=int, nargs="+", default=[100, 200, 400])
     parser.add_argument("--gp-sizes", type=int, nargs="+", default=[100, 300, 600])
-    parser.add_argument("--backwards", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--backward", default="bfloat16")
+    parser.add_argument("--modes", nargs="+", default=["reference", "fused"],
+                        help="rollout modes, interleaved; ratios are relative to the first")
+    parser.add_argument("--backward", default="bfloat16", help="backward matmul precision (bfloat16 | float32)")
+    parser.add_argument("--rss", action="store_true", help="peak RSS of each mode in a process of its own")
     parser.add_argument("--horizon", type=int, default=150, help="rollout steps (150 = 3 s at 50 Hz)")
     parser.add_argument("--steps", type=int, default=5, help="timed optimisation steps per point")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grid-only", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.profile:
+        torch.set_num_threads(args.threads)
+        profile_steps(args.profile[0], args.profile[1], args.horizon, args.backward, args.modes, 25)
+        return
     if args.single:
         run_single(args)
         return
@@ -141,12 +197,12 @@ def main() -> None:
     result = {"grid": rows, "threads": args.threads}
     if not args.grid_only:
         fit = trial_fit_time()
-        target = [r for r in rows if r["particles"] == 400 and r["gp_size"] == 300 and r["backward"] == args.backward]
-        step = target[0]["step_s"] if target else float("nan")
+        target = [r for r in rows if r["particles"] == 400 and r["gp_size"] == 300]
+        step = target[0]["modes"][args.modes[-1]]["step_s"] if target else float("nan")
         fit["trial_estimate_s"] = {str(n): fit["fit_s"] + n * step for n in (2000, 4000)}
         result["trial"] = fit
         print(f"model fit on {fit['transitions']} transitions: {fit['fit_s']:.1f} s (SoD {fit['sod_sizes']}); "
-              f"whole trial at 400x150x300 ~ {fit['trial_estimate_s']['2000']:.0f} s (2000 steps), "
+              f"whole trial at 400x150x300 ({args.modes[-1]}) ~ {fit['trial_estimate_s']['2000']:.0f} s (2000 steps), "
               f"{fit['trial_estimate_s']['4000']:.0f} s (4000 steps) [step time x cap, extrapolated]")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

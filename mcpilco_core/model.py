@@ -205,7 +205,7 @@ class DynamicsModel:
         c, s = torch.cos(q), torch.sin(q)
         phi = torch.cat([dq, c, s], -1)
         u = policy.forward_features(phi)
-        mean, var = self.posterior.predict(torch.cat([phi, u.unsqueeze(-1)], -1))
+        mean, var = self.posterior.predict_reference(torch.cat([phi, u.unsqueeze(-1)], -1))
         delta = self._prior_from_trig(dq, c, s, u) + mean
         if noise is not None:
             delta = delta + torch.sqrt(var) * noise

@@ -316,3 +316,17 @@ def test_policy_rollout_function_equals_forward_features_with_gradients():
     for a, b in zip(torch.autograd.grad((u_fast * weights).sum(), inputs),
                     torch.autograd.grad((u_ref * weights).sum(), inputs)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_rollout_equals_fused():
+    """torch.compile path (or its eager fallback where no compiler works): same states and gradients."""
+    model = _fitted_model()
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
+    out = {}
+    for mode in ("fused", "compiled"):
+        traj = rollout(model, policy, x0, 5, torch.Generator().manual_seed(8), mode=mode)
+        out[mode] = traj.detach(), torch.autograd.grad(trajectory_cost(traj, CostSettings()), list(policy.parameters()))
+    torch.testing.assert_close(out["compiled"][0], out["fused"][0], rtol=1e-10, atol=1e-12)
+    for a, b in zip(out["compiled"][1], out["fused"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
