@@ -1,11 +1,12 @@
-"""The fused particle rollout: one autograd node per transition, with a hand-written backward.
+"""The fused particle rollout: the whole rollout is one autograd node with a hand-written backward.
 
-:meth:`DynamicsModel.step <mcpilco_core.model.DynamicsModel.step>` builds the transition from ~100 small autograd
-ops (prior mean, GP, sampling, integration, features), each a few microseconds of dispatch forward and backward.
-Here the same equations run as plain tensor code without a graph (:func:`step_forward`), and their gradient is
-written out (:func:`step_backward`, :func:`prior_backward`, :func:`~mcpilco_core.gp.moments_backward`); the
-torch policy does the same (:class:`~mcpilco_core.torch_policy.TorchPolicy.rollout_function`). The results equal
-the autograd reference up to rounding (tested in float64, gradients included).
+:meth:`DynamicsModel.step <mcpilco_core.model.DynamicsModel.step>` (the reference) builds each transition from
+~100 small autograd ops (policy, prior mean, GP, sampling, integration, features), each a few microseconds of
+dispatch forward and backward. Here the same equations run as plain tensor code without a graph
+(:func:`policy_step_forward`), and their gradient is written out (:func:`policy_step_backward`,
+:func:`prior_backward`, :func:`~mcpilco_core.gp.moments_backward`,
+:func:`~mcpilco_core.torch_policy.sum_of_gaussians_backward`); :class:`PolicyRollout` runs all steps in one
+node. The results equal the autograd reference up to rounding (tested in float64, gradients included).
 
 ``compiled=True`` additionally runs these functions through ``torch.compile`` (inductor: fused C++ loops for the
 elementwise work); if compilation fails the eager functions are used (one warning), so it is always safe.

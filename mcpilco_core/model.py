@@ -197,7 +197,8 @@ class DynamicsModel:
         """One transition of particles x (P, 4) under ``policy`` (features phi (P, 6) -> torque (P,)).
 
         Samples with the standard normals ``noise`` (P, 2), reparameterised: Delta = mean + std * noise
-        (noise None gives the mean). Returns the next states (P, 4).
+        (noise None gives the mean). Returns the next states (P, 4). Plain autograd ops: the reference for the
+        fused rollout (:mod:`mcpilco_core.fused`), which computes the same.
         """
         if self.posterior is None:
             raise RuntimeError("the model has not been fitted")
