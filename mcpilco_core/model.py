@@ -220,12 +220,13 @@ def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generato
             sample: bool = True, mode: str | None = None) -> torch.Tensor:
     """Propagate particles x0 (P, 4) for ``steps`` policy periods; returns states (steps + 1, P, 4).
 
-    ``policy.forward_features(phi)`` gives the actuated torque (P,); a policy with ``rollout_function()``
+    ``policy.forward_features(phi)`` gives the actuated torque (P,); a policy with ``rollout_parts()``
     (:class:`~mcpilco_core.torch_policy.TorchPolicy`) supplies a faster equivalent once per rollout. Noise comes
     from ``generator`` (reparameterised, so the result is differentiable in the policy parameters and in x0).
-    ``mode`` (default ``model.rollout_mode``): "fused" runs each transition as one autograd node with a
-    hand-written backward (:mod:`mcpilco_core.fused`), "compiled" the same through ``torch.compile`` (eager
-    fallback), "reference" the plain-autograd :meth:`DynamicsModel.step`; all equal up to rounding.
+    ``mode`` (default ``model.rollout_mode``): "fused" runs the rollout as one autograd node with a hand-written
+    backward (:mod:`mcpilco_core.fused`; one node per transition for a policy without ``rollout_parts()``),
+    "compiled" the same through ``torch.compile`` (eager fallback), "reference" the plain-autograd
+    :meth:`DynamicsModel.step`; all equal up to rounding.
     Raises NonFiniteParticlesError if any state is NaN/inf, naming the first bad step.
     """
     mode = model.rollout_mode if mode is None else mode
