@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -16,6 +17,10 @@ from pathlib import Path
 
 from .config import ROBOTS, ConfigError
 from .policy import PolicyError
+
+# OpenMP threads that spin while waiting make torch 20-40x slower on a busy 2-core machine (measured); this must
+# be set before torch is first imported, which the subcommands do lazily.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 COMMAND_MODULES: list[str] = [
     "mcpilco_core.cli",
