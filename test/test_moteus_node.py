@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy")
+from _ros_helpers import wait_for  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
@@ -29,13 +30,6 @@ from mcpilco_core.plant import DoublePendulum  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config"
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.01)
 
 
 def params_file(tmp_path: Path, robot: str, transport: str, watchdog: float | None = None) -> Path:

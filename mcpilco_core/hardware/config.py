@@ -173,15 +173,3 @@ def load_driver_config(path: str | Path, node: str = NODE_NAME) -> DriverConfig:
     """Load a driver configuration file (ROS 2 params layout for ``node``, or plain YAML)."""
     path = Path(path)
     return driver_config_from_mapping(unwrap_ros_parameters(read_yaml(path), path, node), path)
-
-
-def nest_parameters(flat: Mapping[str, Any]) -> dict:
-    """``{"joints.shoulder.can_id": 1}`` -> ``{"joints": {"shoulder": {"can_id": 1}}}`` (ROS parameter names)."""
-    nested: dict = {}
-    for key, value in flat.items():
-        parts = key.split(".")
-        target = nested
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
-        target[parts[-1]] = value
-    return nested
