@@ -397,8 +397,12 @@ class Learner:
         self.add_trajectory(traj)
         return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start})
 
-    def learning_trial(self, k: int) -> TrialRecord:
-        """Fit, optimise, run, evaluate (trial k >= 1)."""
+    def fit_and_optimize(self, k: int, description: str, metadata: dict | None = None) -> tuple:
+        """MC-PILCO step k without running the policy: fit the model on all data, optimise the policy.
+
+        Shared by :meth:`learning_trial` (simulated robot) and ``mcpilco retrain`` (real trials). Returns
+        (numpy policy, OptimizationResult, timings in s, the trial's numpy generator, initial distribution).
+        """
         cfg = self.config
         rng, gen = trial_generators(cfg.seed, k)
         timings: dict[str, float] = {}
@@ -410,13 +414,18 @@ class Learner:
             self.policy = TorchPolicy.random(cfg.num_basis, cfg.robot.u_max, gen, cfg.center_dq_range,
                                              cfg.torch_dtype).to(cfg.device)
         dist = initial_distribution(cfg, k, self.pool)
-        max_steps = cfg.optimizer.max_steps_first if k == 1 else cfg.optimizer.max_steps
+        max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
                                  cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
-                                 description=f"trial {k} policy")
+                                 description=description)
         timings["optimization"] = result.wall_time
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
-                                            {"trial": k, "seed": cfg.seed})
+                                            {"trial": k, "seed": cfg.seed, **(metadata or {})})
+        return numpy_policy, result, timings, rng, dist
+
+    def learning_trial(self, k: int) -> TrialRecord:
+        """Fit, optimise, run, evaluate (trial k >= 1)."""
+        numpy_policy, result, timings, rng, dist = self.fit_and_optimize(k, f"trial {k} policy")
         record = TrialRecord(k, None, dist.sample_numpy(1, rng)[0], numpy_policy, self.model.to_arrays(), result)
         self._run_and_evaluate(record, timings)
         return record

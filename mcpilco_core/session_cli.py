@@ -132,34 +132,11 @@ class RetrainDirectory:
 
 
 def optimize_policy_from_data(learner, trial_index: int):
-    """Fit the GP model on ``learner.data`` and optimise ``learner.policy`` (created if None), MC-PILCO step k.
-
-    Integration point with mcpilco_core.learner: this is ``Learner.learning_trial`` without running the new policy
-    on the simulated robot (the robot here is the real one, between trials). Returns (numpy policy,
-    model arrays, OptimizationResult, timings).
-    """
-    from .learner import initial_distribution, trial_generators
-    from .optimizer import optimize_policy
-    from .torch_policy import TorchPolicy
-
-    cfg = learner.config
-    rng, gen = trial_generators(cfg.seed, trial_index)
-    timings = {}
-    start = time.perf_counter()
-    learner.model.fit(learner.data, rng, cfg.device, cfg.torch_dtype)
-    learner.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
-    timings["model_fit"] = time.perf_counter() - start
-    if learner.policy is None:
-        learner.policy = TorchPolicy.random(cfg.num_basis, cfg.robot.u_max, gen, cfg.center_dq_range,
-                                            cfg.torch_dtype).to(cfg.device)
-    dist = initial_distribution(cfg, trial_index, learner.pool)
-    max_steps = cfg.optimizer.max_steps_first if trial_index <= 1 else cfg.optimizer.max_steps
-    result = optimize_policy(learner.policy, learner.model, dist.sampler(cfg.device, cfg.torch_dtype),
-                             cfg.particles, cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen,
-                             cfg.progress, description=f"retrain {trial_index} policy")
-    timings["optimization"] = result.wall_time
-    policy = learner.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
-                                     {"trial": trial_index, "seed": cfg.seed, "source": "retrain"})
+    """Fit the GP model on ``learner.data`` and optimise ``learner.policy`` (created if None), MC-PILCO step k:
+    ``Learner.fit_and_optimize`` (the robot here is the real one, between trials). Returns (numpy policy,
+    model arrays, OptimizationResult, timings)."""
+    policy, result, timings, _, _ = learner.fit_and_optimize(trial_index, f"retrain {trial_index} policy",
+                                                             {"source": "retrain"})
     return policy, learner.model.to_arrays(), result, timings
 
 
