@@ -21,7 +21,7 @@ def _figure(rows: int, height: float):
         matplotlib.use("Agg")  # files only: works on machines without a display
     import matplotlib.pyplot as plt
 
-    return plt, plt.subplots(rows, 1, sharex=True, figsize=(12, height),
+    return plt.subplots(rows, 1, sharex=True, figsize=(12, height),
                              gridspec_kw={"height_ratios": [3] * (rows - 1) + [0.6]})
 
 
@@ -29,7 +29,7 @@ def plot_evaluation(traj: Trajectory, plant: DoublePendulum, path: str | Path, t
                     windows: Sequence[Sequence[float]] = ()) -> Path:
     """Angles, velocities, torques, end-effector height (with the 0.45 m score line), disturbance
     windows shaded, and the controller mode as a colour band; written to ``path`` (png/pdf/svg)."""
-    plt, (fig, axes) = _figure(5, 11)
+    fig, axes = _figure(5, 11)
     t, x = traj.t, traj.x
     panels = [(axes[0], [x[:, 0], x[:, 1]], ["q1", "q2"], "angle (rad)"),
               (axes[1], [x[:, 2], x[:, 3]], ["dq1", "dq2"], "velocity (rad/s)"),
@@ -51,12 +51,19 @@ def plot_evaluation(traj: Trajectory, plant: DoublePendulum, path: str | Path, t
         ax.grid(alpha=0.3)
     _mode_band(axes[4], t, traj.mode)
     axes[4].set_xlabel("time (s)")
+    return save_figure(fig, path, title, dpi=110)
+
+
+def save_figure(fig, path: str | Path, title: str = "", dpi: int = 100) -> Path:
+    """Title, lay out, write (creating the folder) and close ``fig``; returns the path written."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 

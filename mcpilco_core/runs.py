@@ -157,11 +157,9 @@ class RunDirectory:
         if scored:
             ax_score.plot(*zip(*scored), "o-")
         ax_score.set(xlabel="trial", ylabel="evaluation score (60 s protocol)", ylim=(0, 1), title="score per trial")
-        fig.tight_layout()
-        path = self.root / "learning_curves.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        from .plotting import save_figure
+
+        return save_figure(fig, self.root / "learning_curves.png")
 
 
 def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[TrialRecord]:

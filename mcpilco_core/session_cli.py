@@ -231,14 +231,9 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
     for ax in (ax_cost, ax_score):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    from .plotting import save_figure
+
+    return save_figure(fig, path, title)
 
 
 # --------------------------------------------------------------------------------------------------
