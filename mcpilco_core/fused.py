@@ -32,6 +32,8 @@ class PriorConstants(NamedTuple):
 
     friction: (joint, viscous b, Coulomb cf) for the joints with nonzero friction. :meth:`as_tensors` gives the
     same with 0-dim tensors, which eager arithmetic handles ~3x faster than Python floats (no scalar wrapping).
+    rk4: integrate the prior with one Runge-Kutta-4 step over ``period`` instead of one Euler step
+    (:func:`rk4_prior_forward`).
     """
 
     a: float
@@ -43,13 +45,14 @@ class PriorConstants(NamedTuple):
     period: float
     actuated: int
     friction: tuple[tuple[int, float, float], ...]
+    rk4: bool = False
 
     def as_tensors(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> PriorConstants:
         def t(value: float) -> torch.Tensor:
             return torch.tensor(value, dtype=dtype, device=device)
 
         return PriorConstants(*(t(v) for v in self[:7]), self.actuated,
-                              tuple((i, t(b), t(cf)) for i, b, cf in self.friction))
+                              tuple((i, t(b), t(cf)) for i, b, cf in self.friction), self.rk4)
 
 
 def prior_forward(rows: torch.Tensor, u: torch.Tensor, k: PriorConstants) -> tuple[torch.Tensor, tuple]:
@@ -112,13 +115,78 @@ def prior_backward(saved: tuple, grad: torch.Tensor, k: PriorConstants) -> tuple
     return torch.stack([g_dq1, g_dq2, g_c1, g_c2, g_s1, g_s2]), grad_u
 
 
+def _trig_rows(dq: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features (dq, cos q, sin q) (6, P) of an RK4 stage and its cos, sin (for the backward)."""
+    c, s = torch.cos(q), torch.sin(q)
+    return torch.cat([dq, c, s]), c, s
+
+
+def rk4_prior_forward(q: torch.Tensor, rows: torch.Tensor, u: torch.Tensor,
+                      k: PriorConstants) -> tuple[torch.Tensor, tuple]:
+    """The RK4 prior of Delta dq (2, P): one Runge-Kutta-4 step of length Ts = ``k.period`` of the forward
+    dynamics with u held, from angles q (2, P) and features rows (6, P) of the same state.
+
+    Each stage's :func:`prior_forward` gives p_i = Ts a_i; stage states q_2 = q + Ts/2 dq, dq_2 = dq + p_1/2,
+    q_3 = q + Ts/2 dq_2, dq_3 = dq + p_2/2, q_4 = q + Ts dq_3, dq_4 = dq + p_3; Delta dq = (p_1 + 2 p_2 + 2 p_3
+    + p_4) / 6. Four times the work of the Euler prior (all elementwise on P-vectors).
+    """
+    dq = rows[:2]
+    half = 0.5 * k.period
+    p1, saved1 = prior_forward(rows, u, k)
+    dq2 = torch.add(dq, p1, alpha=0.5)
+    rows2, c2, s2 = _trig_rows(dq2, torch.add(q, dq, alpha=half))
+    p2, saved2 = prior_forward(rows2, u, k)
+    dq3 = torch.add(dq, p2, alpha=0.5)
+    rows3, c3, s3 = _trig_rows(dq3, torch.add(q, dq2, alpha=half))
+    p3, saved3 = prior_forward(rows3, u, k)
+    rows4, c4, s4 = _trig_rows(dq + p3, torch.add(q, dq3, alpha=k.period))
+    p4, saved4 = prior_forward(rows4, u, k)
+    prior = (p1 + p4 + 2.0 * (p2 + p3)) / 6.0
+    return prior, (saved1, saved2, saved3, saved4, (c2, s2), (c3, s3), (c4, s4))
+
+
+def _stage_grads(grad_rows: torch.Tensor, trig: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d/d dq, d/d q) of a stage from the gradient w.r.t. its features (dq, cos q, sin q)."""
+    c, s = trig
+    return grad_rows[:2], torch.addcmul(grad_rows[4:] * c, grad_rows[2:4], s, value=-1.0)
+
+
+def rk4_prior_backward(saved: tuple, grad: torch.Tensor,
+                       k: PriorConstants) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients w.r.t. q (2, P), rows (6, P) and u (P,) of :func:`rk4_prior_forward` given that of the prior."""
+    saved1, saved2, saved3, saved4, trig2, trig3, trig4 = saved
+    half = 0.5 * k.period
+    g_p4 = grad / 6.0
+    g_p23 = grad / 3.0
+    rows4, g_u = prior_backward(saved4, g_p4, k)
+    g_dq4, g_q = _stage_grads(rows4, trig4)                # q_4 = q + Ts dq_3, dq_4 = dq + p_3
+    g_dq = g_dq4
+    g_dq3_path = g_q * k.period
+    rows3, g_u3 = prior_backward(saved3, g_p23 + g_dq4, k)
+    g_dq3, g_q3 = _stage_grads(rows3, trig3)               # q_3 = q + Ts/2 dq_2, dq_3 = dq + p_2/2
+    g_dq3 = g_dq3 + g_dq3_path
+    g_q = g_q + g_q3
+    g_dq = g_dq + g_dq3
+    rows2, g_u2 = prior_backward(saved2, torch.add(g_p23, g_dq3, alpha=0.5), k)
+    g_dq2, g_q2 = _stage_grads(rows2, trig2)               # q_2 = q + Ts/2 dq, dq_2 = dq + p_1/2
+    g_dq2 = torch.add(g_dq2, g_q3, alpha=half)
+    g_q = g_q + g_q2
+    g_dq = torch.add(g_dq + g_dq2, g_q2, alpha=half)
+    rows1, g_u1 = prior_backward(saved1, torch.add(g_p4, g_dq2, alpha=0.5), k)
+    grad_rows = torch.cat([rows1[:2] + g_dq, rows1[2:]])
+    return g_q, grad_rows, g_u + g_u1 + g_u2 + g_u3
+
+
 def step_forward(x: torch.Tensor, phi: torch.Tensor, u: torch.Tensor, noise: torch.Tensor | None, fast: FastGP,
                  k: PriorConstants) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """One transition in the particle-major layout: states x (4, P), their features phi (6, P), torques u (P,),
     standard normals noise (2, P) (None: the mean). Returns the next states, their features and what
     :func:`step_backward` needs."""
     mean, var, gp_saved = moments_forward(fast, torch.cat([phi, u.unsqueeze(0)]))
-    prior, prior_saved = prior_forward(phi, u, k)
+    if k.rk4:
+        prior, prior_saved = rk4_prior_forward(x[:2], phi, u, k)
+    else:
+        prior, prior_saved = prior_forward(phi, u, k)
     delta = prior + mean
     if noise is None:
         std = positive = None
@@ -147,7 +215,11 @@ def step_backward(saved: tuple, grad_x: torch.Tensor, grad_phi: torch.Tensor, fa
     else:
         grad_var = (grad_delta * noise).mul_(positive).div_(std + std)
     grad_gp = moments_backward(fast, gp_saved, grad_delta, grad_var)
-    grad_phi_prior, grad_u_prior = prior_backward(prior_saved, grad_delta, k)
+    if k.rk4:
+        grad_q_prior, grad_phi_prior, grad_u_prior = rk4_prior_backward(prior_saved, grad_delta, k)
+        grad_x_in = torch.cat([grad_q + grad_q_prior, grad_x_in[2:]])
+    else:
+        grad_phi_prior, grad_u_prior = prior_backward(prior_saved, grad_delta, k)
     return grad_x_in, grad_gp[:-1] + grad_phi_prior, grad_gp[-1] + grad_u_prior
 
 

@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from .config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
+from .control.exploration import ExplorationController, trial_rng
 from .cost import CostSettings, saturated_cost
-from .gp import GPSettings
+from .gp import PRIOR_INTEGRATORS, GPSettings
 from .model import ROLLOUT_MODES, DynamicsModel, TransitionData, transitions_from_trajectory
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
 from .torch_policy import TorchPolicy
@@ -167,7 +168,8 @@ def _gp_settings(r: _Reader) -> GPSettings:
                       max_points=r.integer("max_points", d.max_points, minimum=1),
                       sod_threshold=r.number("sod_threshold", d.sod_threshold, nonnegative=True),
                       noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
-                      warm_start=r.boolean("warm_start", d.warm_start))
+                      warm_start=r.boolean("warm_start", d.warm_start),
+                      prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS))
 
 
 def _optimizer_settings(r: _Reader) -> OptimizerSettings:
@@ -213,7 +215,7 @@ def _initial_state_settings(r: _Reader) -> InitialStateSettings:
 def trial_generators(seed: int, trial: int) -> tuple[np.random.Generator, torch.Generator]:
     """Independent numpy and torch generators for one trial, from (seed, trial) only (resume-safe)."""
     sequence = np.random.SeedSequence([seed, trial])
-    rng = np.random.default_rng(sequence)
+    rng = trial_rng(seed, trial)                      # = default_rng(sequence), shared with the controller node
     torch_gen = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     return rng, torch_gen
 
@@ -267,27 +269,6 @@ def initial_distribution(config: TrainConfig, trial: int, pool: np.ndarray) -> I
 
 # --------------------------------------------------------------------------------------------------
 # The simulated robot
-
-
-class ExplorationController:
-    """Trial 0: uniform random actuated torque in [-amplitude, amplitude] N m, held for one policy period."""
-
-    mode = "policy"
-
-    def __init__(self, config: RobotConfig, amplitude: float, rng: np.random.Generator) -> None:
-        self.config, self.amplitude, self.rng = config, amplitude, rng
-        self.reset()
-
-    def reset(self) -> None:
-        self._next_time = -math.inf
-        self._u = np.zeros(2)
-
-    def step(self, x: np.ndarray, t: float) -> np.ndarray:
-        if t >= self._next_time - 1e-9:
-            self._u = np.zeros(2)
-            self._u[self.config.actuated_joint] = self.rng.uniform(-self.amplitude, self.amplitude)
-            self._next_time = t + self.config.policy_period
-        return self._u.copy()
 
 
 def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: float):

@@ -5,9 +5,10 @@ One transition covers one policy period Ts (s), with the torque held. Per joint 
     dq'_i = dq_i + Delta_i,        q'_i = q_i + Ts dq_i + Ts/2 Delta_i,
     Delta_i ~ GP_i with prior mean  m(x, u) = Ts * M^-1(q) (B u - n(q, dq))  (the nominal plant).
 
-The GP therefore learns only the residual Delta - m (the prior is an Euler step, poor at Ts = 20 ms near
-the upright). GP input: (dq1, dq2, cos q1, cos q2, sin q1, sin q2, u), u the actuated torque (N m): the
-policy's features phi followed by u, so one sin/cos per step serves the policy, the GP and the prior.
+The GP therefore learns only the residual Delta - m. With ``GPSettings.prior = "rk4"`` the prior is one
+Runge-Kutta-4 step of the same dynamics over Ts instead (the Euler step is poor at Ts = 20 ms at high speed).
+GP input: (dq1, dq2, cos q1, cos q2, sin q1, sin q2, u), u the actuated torque (N m): the policy's features
+phi followed by u, so one sin/cos per step serves the policy, the GP and the prior.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class DynamicsModel:
                            "g1": p.g * (m1 * r1 + m2 * l1), "g2": p.g * m2 * r2}
         friction = tuple((i, float(b), float(cf)) for i, (b, cf) in enumerate(zip(p.b, p.cf)) if b or cf)
         self.prior_constants = PriorConstants(**self._constants, period=self.period, actuated=self.actuated,
-                                              friction=friction)
+                                              friction=friction, rk4=self.settings.prior == "rk4")
 
     # ------------------------------------------------------------------ features and prior
     @staticmethod
@@ -114,8 +115,28 @@ class DynamicsModel:
         return both
 
     def prior_mean(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Ts * forward dynamics (rad/s) of the nominal plant: the prior of Delta dq, shape (..., 2)."""
-        return self.period * self.plant.forward_dynamics(x, self.torques(u))
+        """The prior of Delta dq (rad/s), shape (..., 2): Ts * forward dynamics of the nominal plant (Euler), or
+        the velocity change of one RK4 step of length Ts with the torque held (``settings.prior == "rk4"``)."""
+        torques = self.torques(u)
+        if self.settings.prior == "rk4":
+            return self.plant.rk4_step(x, torques, self.period)[..., 2:] - x[..., 2:]
+        return self.period * self.plant.forward_dynamics(x, torques)
+
+    def _prior_reference(self, q: torch.Tensor, dq: torch.Tensor, c: torch.Tensor, s: torch.Tensor,
+                         u: torch.Tensor) -> torch.Tensor:
+        """The prior (P, 2) on torch tensors with autograd (the reference of the fused rollout's prior)."""
+        p1 = self._prior_from_trig(dq, c, s, u)
+        if self.settings.prior != "rk4":
+            return p1
+        half = 0.5 * self.period
+
+        def stage(q_i: torch.Tensor, dq_i: torch.Tensor) -> torch.Tensor:
+            return self._prior_from_trig(dq_i, torch.cos(q_i), torch.sin(q_i), u)
+
+        p2 = stage(q + half * dq, dq + 0.5 * p1)
+        p3 = stage(q + half * (dq + 0.5 * p1), dq + 0.5 * p2)
+        p4 = stage(q + self.period * (dq + 0.5 * p2), dq + p3)
+        return (p1 + 2.0 * p2 + 2.0 * p3 + p4) / 6.0
 
     def _prior_from_trig(self, dq: torch.Tensor, c: torch.Tensor, s: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """:meth:`prior_mean` from precomputed cos q, sin q (P, 2) on torch tensors (fewer kernel launches).
@@ -174,10 +195,16 @@ class DynamicsModel:
             arrays[f"subset_inputs_{j}"] = self._inputs[idx]
             arrays[f"subset_targets_{j}"] = self._targets[idx, j]
         arrays["fit_history"] = np.asarray(self.fit_history)
+        arrays["prior"] = np.asarray(self.settings.prior)     # the residual targets depend on it
         return arrays
 
     def load_arrays(self, arrays: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        """Inverse of :meth:`to_arrays`."""
+        """Inverse of :meth:`to_arrays`. Refuses a model fitted with another prior integrator (its GPs learnt
+        the residual of that prior); models saved before the option existed used ``euler``."""
+        prior = str(arrays["prior"]) if "prior" in arrays else "euler"
+        if prior != self.settings.prior:
+            raise ValueError(f"the saved model was fitted with the {prior!r} prior but the settings say "
+                             f"gp.prior = {self.settings.prior!r}; use the run's own training config")
         self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
         n_out = self.hyper.raw_signal.shape[0]
         inputs = np.concatenate([arrays[f"subset_inputs_{j}"] for j in range(n_out)])
@@ -207,7 +234,7 @@ class DynamicsModel:
         phi = torch.cat([dq, c, s], -1)
         u = policy.forward_features(phi)
         mean, var = self.posterior.predict_reference(torch.cat([phi, u.unsqueeze(-1)], -1))
-        delta = self._prior_from_trig(dq, c, s, u) + mean
+        delta = self._prior_reference(q, dq, c, s, u) + mean
         if noise is not None:
             delta = delta + torch.sqrt(var) * noise
         return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1)

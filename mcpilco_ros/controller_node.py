@@ -15,8 +15,9 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
   and the answer says why;
 - exploration (trial 0 of MC-PILCO on the robot): with ``exploration.enabled`` (at start) or ``~/explore``
   (std_srvs/SetBool, only while disarmed) the actuated joint gets the learner's trial-0 exploration signal
-  (:class:`mcpilco_core.learner.ExplorationController`: uniform in +-``exploration.amplitude`` N m, a new value
-  every policy period, held in between), the passive joint exactly 0, mode ``explore``. Each arming in
+  (:class:`mcpilco_core.control.exploration.ExplorationController`: uniform in +-``exploration.amplitude``
+  N m, a new value every policy period, held in between; numpy only, this node never imports torch), the
+  passive joint exactly 0, mode ``explore``. Each arming in
   exploration mode starts a new run whose numbers come from (``exploration.seed``, run index), exactly as the
   learner derives trial k's generator from (seed, k): reproducible, never the same twice in a session. The
   supervisor still watches every state: its ``damping`` (too fast) and ``safe`` modes override exploration.
@@ -40,6 +41,7 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import SetBool, Trigger
 
 from mcpilco_core.control import Supervisor, build_controller
+from mcpilco_core.control.exploration import ExplorationController, trial_rng
 from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
 
 from ._ros_utils import (
@@ -125,7 +127,7 @@ class ControllerNode(Node):
                                  f"torque_limit {self.config.torque_limit} N m")
         self.exploring = False
         self.exploration_runs = 0           # arming in exploration mode starts run k = this count
-        self._explorer = None               # the learner's ExplorationController of the current run
+        self._explorer = None               # the ExplorationController of the current run
         if own["exploration.enabled"]:
             self._set_exploring(True)
 
@@ -181,9 +183,7 @@ class ControllerNode(Node):
 
     # ---------------------------------------------------------------- exploration
     def _set_exploring(self, on: bool) -> None:
-        """Switch exploration on/off; the learner (and torch) is imported the first time only."""
-        if on:
-            from mcpilco_core import learner  # noqa: F401  (fails here, not in a control step)
+        """Switch exploration on/off (numpy only: torch is never imported by this node)."""
         self.exploring = on
         self._explorer = None
         self.get_logger().info(f"exploration {'on' if on else 'off'}" + (
@@ -191,9 +191,7 @@ class ControllerNode(Node):
 
     def _start_exploration_run(self) -> None:
         """A new exploration signal: run k draws from the generator the learner uses for trial k."""
-        from mcpilco_core.learner import ExplorationController, trial_generators
-
-        rng, _ = trial_generators(self.exploration_seed, self.exploration_runs)
+        rng = trial_rng(self.exploration_seed, self.exploration_runs)
         self._explorer = ExplorationController(self.config, self.exploration_amplitude, rng)
         self.exploration_runs += 1
 

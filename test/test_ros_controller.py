@@ -210,10 +210,10 @@ def explore_run(r, controller, peer, enable, states: int, start_ns: int = 0, dq=
 def expected_exploration(seed: int, run: int, amplitude: float, states: int) -> np.ndarray:
     """The learner's own trial-k exploration signal at the same times (the controller must reuse it)."""
     from mcpilco_core.config import load_robot_config
-    from mcpilco_core.learner import ExplorationController, trial_generators
+    from mcpilco_core.control.exploration import ExplorationController, trial_rng
 
     config = load_robot_config(CONFIG / "pendubot.yaml")
-    explorer = ExplorationController(config, amplitude, trial_generators(seed, run)[0])
+    explorer = ExplorationController(config, amplitude, trial_rng(seed, run))
     return np.array([explorer.step(np.zeros(4), k * 0.002)[0] for k in range(states)])
 
 
