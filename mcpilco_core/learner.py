@@ -78,12 +78,18 @@ class TrainConfig:
     particles: int = 400
     num_basis: int = 200
     center_dq_range: float = 2 * math.pi
+    u_max: float | None = None                    # N m, policy output bound (None: the robot config's u_max)
     gp: GPSettings = field(default_factory=GPSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     initial_state: InitialStateSettings = field(default_factory=InitialStateSettings)
     evaluation_seeds: tuple[int, ...] = (100,)
     progress: bool = True
+
+    @property
+    def policy_u_max(self) -> float:
+        """The policy's output bound (N m): ``policy.u_max`` of the training file, else the robot config's."""
+        return self.robot.u_max if self.u_max is None else self.u_max
 
     @property
     def horizon_steps(self) -> int:
@@ -123,7 +129,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
     ex = r.sub("exploration")
     ex.reject_unknown(["duration", "amplitude"])
     pol = r.sub("policy")
-    pol.reject_unknown(["num_basis", "center_dq_range"])
+    pol.reject_unknown(["num_basis", "center_dq_range", "u_max"])
     ev = r.sub("evaluation")
     ev.reject_unknown(["seeds"])
     config = TrainConfig(
@@ -140,6 +146,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         particles=r.integer("particles", d.particles, minimum=1),
         num_basis=pol.integer("num_basis", d.num_basis, minimum=1),
         center_dq_range=pol.number("center_dq_range", d.center_dq_range, positive=True),
+        u_max=pol.number("u_max", robot_cfg.u_max, positive=True),
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
         cost=CostSettings(lengthscales=r.sub("cost").vector("lengthscales", 2, (3.0, 3.0), positive=True)),
         initial_state=_initial_state_settings(r.sub("initial_state")),
@@ -147,6 +154,9 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         progress=r.boolean("progress", d.progress))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
+    if config.u_max > robot_cfg.torque_limit:
+        raise ConfigError(path, "policy.u_max", f"{config.u_max} N m exceeds the torque limit "
+                                                f"{robot_cfg.torque_limit} N m")
     if config.horizon_steps < 1:
         raise ConfigError(path, "horizon", "shorter than one policy period")
     return config
@@ -392,7 +402,7 @@ class Learner:
         self.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
         timings["model_fit"] = time.perf_counter() - start
         if self.policy is None:
-            self.policy = TorchPolicy.random(cfg.num_basis, cfg.robot.u_max, gen, cfg.center_dq_range,
+            self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, gen, cfg.center_dq_range,
                                              cfg.torch_dtype).to(cfg.device)
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps

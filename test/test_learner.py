@@ -265,10 +265,19 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\nparticels: 3\n")
     with pytest.raises(ConfigError, match="particels"):
         load_train_config(bad)
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ngp: {{prior: midpoint}}\n")
+    with pytest.raises(ConfigError, match=r"field 'gp.prior'"):
+        load_train_config(bad)
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\npolicy: {{u_max: 6.5}}\n")
+    with pytest.raises(ConfigError, match=r"field 'policy.u_max'.*torque limit 6.0"):
+        load_train_config(bad)
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\npolicy: {{u_max: 6.0}}\n")
+    assert load_train_config(bad).policy_u_max == 6.0
     with pytest.raises(ConfigError, match="robot_config"):
         load_train_config(CONFIG / "train_pendubot.yaml", "acrobot")
-    for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml"):
-        load_train_config(CONFIG / name)
+    for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml", "train_pendubot_rk4.yaml",
+                 "train_acrobot_rk4.yaml"):
+        assert load_train_config(CONFIG / name).policy_u_max == 3.0
 
 
 def _friction_model(robot, prior="euler"):
