@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import __version__
+from .config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
 from .learner import Learner, TrainConfig, TrialRecord
 from .optimizer import OptimizationResult
 from .policy import load_policy, save_policy
@@ -70,11 +71,23 @@ class RunDirectory:
         shutil.copyfile(config.source, self.root / "train_config.yaml")
         if config.robot.source:
             shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
+            self._copy_plant_models(Path(config.robot.source))
         meta = {"run_id": uuid.uuid4().hex[:12], "robot": config.robot.robot, "config_hash": digest,
                 "robot_fingerprint": config.robot.fingerprint(), "package_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config.to_dict()}
         meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         return meta
+
+    def _copy_plant_models(self, robot_source: Path) -> None:
+        """Copy the plant-models file a robot config names by a relative path beside the copied config, so
+        ``robot_config.yaml`` of the run loads on its own (e.g. ``mcpilco evaluate --config runs/NAME/...``)."""
+        params = unwrap_ros_parameters(read_yaml(robot_source), robot_source)
+        if "plant" in params:
+            return
+        name = Path(str(params.get("plant_models_file", PLANT_MODELS_FILE)))
+        if not name.is_absolute() and (robot_source.parent / name).is_file():
+            (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(robot_source.parent / name, self.root / name)
 
     def log(self, message: str) -> None:
         LOG.info(message)

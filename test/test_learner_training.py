@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mcpilco_core import cli
+from mcpilco_core.config import load_robot_config
 from mcpilco_core.learner import Learner, load_train_config
 from mcpilco_core.policy import import_realaigym, load_policy
 from mcpilco_core.runs import RunDirectory, RunError, train
@@ -35,6 +36,8 @@ def test_tiny_training_writes_run_directory_and_cost_decreases(tmp_path):
     assert "trial 1 complete" in (root / "log.txt").read_text()
     data = np.load(root / "trials/trial_001/data.npz")
     assert np.all(data["u"][:, 1] == 0.0)  # the passive joint never gets torque
+    copied = load_robot_config(root / "robot_config.yaml")  # self-contained: the plant models file came along
+    assert copied.plant == config.robot.plant
     with pytest.raises(RunError, match="--resume"):
         train(config, root)
 
