@@ -79,6 +79,7 @@ class TrainConfig:
     num_basis: int = 200
     center_dq_range: float = 2 * math.pi
     u_max: float | None = None                    # N m, policy output bound (None: the robot config's u_max)
+    initial_lengthscales: tuple[float, ...] = (1.0,) * 6   # of phi = (dq1, dq2, cos q1, cos q2, sin q1, sin q2)
     gp: GPSettings = field(default_factory=GPSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     cost: CostSettings = field(default_factory=CostSettings)
@@ -129,7 +130,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
     ex = r.sub("exploration")
     ex.reject_unknown(["duration", "amplitude"])
     pol = r.sub("policy")
-    pol.reject_unknown(["num_basis", "center_dq_range", "u_max"])
+    pol.reject_unknown(["num_basis", "center_dq_range", "u_max", "initial_lengthscales"])
     ev = r.sub("evaluation")
     ev.reject_unknown(["seeds"])
     config = TrainConfig(
@@ -147,6 +148,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         num_basis=pol.integer("num_basis", d.num_basis, minimum=1),
         center_dq_range=pol.number("center_dq_range", d.center_dq_range, positive=True),
         u_max=pol.number("u_max", robot_cfg.u_max, positive=True),
+        initial_lengthscales=pol.vector("initial_lengthscales", 6, d.initial_lengthscales, positive=True),
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
         cost=CostSettings(lengthscales=r.sub("cost").vector("lengthscales", 2, (3.0, 3.0), positive=True)),
         initial_state=_initial_state_settings(r.sub("initial_state")),
@@ -403,7 +405,7 @@ class Learner:
         timings["model_fit"] = time.perf_counter() - start
         if self.policy is None:
             self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, gen, cfg.center_dq_range,
-                                             cfg.torch_dtype).to(cfg.device)
+                                             cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,

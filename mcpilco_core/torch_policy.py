@@ -31,9 +31,14 @@ class TorchPolicy(torch.nn.Module):
 
     @classmethod
     def random(cls, num_basis: int, u_max: float, generator: torch.Generator, dq_range: float = 2 * math.pi,
-               dtype: torch.dtype = torch.float32) -> TorchPolicy:
+               dtype: torch.dtype = torch.float32, lengthscales: tuple[float, ...] = (1.0,) * 6) -> TorchPolicy:
         """The seed paper's initialisation: w ~ U[-u_M, u_M]; centres uniform in the image of phi with
-        dq in [-dq_range, dq_range] (rad/s) and angles uniform on the circle; lengthscales = 1."""
+        dq in [-dq_range, dq_range] (rad/s) and angles uniform on the circle; lengthscales = 1 (the default).
+
+        A global policy faces speeds up to ~20 rad/s: with unit velocity lengthscales the basis functions hardly
+        overlap there (the policy outputs ~0 and gets no gradient), so wider ``dq_range`` and velocity
+        ``lengthscales`` (rad/s, then the angle features') are worth setting.
+        """
         def uniform(*shape: int) -> torch.Tensor:
             return torch.rand(shape, generator=generator, dtype=torch.float64)
 
@@ -41,7 +46,10 @@ class TorchPolicy(torch.nn.Module):
         angles = (2 * uniform(num_basis, 2) - 1) * math.pi
         centers = torch.cat([dq, torch.cos(angles), torch.sin(angles)], -1)
         weights = (2 * uniform(num_basis) - 1) * u_max
-        return cls(centers.to(dtype), torch.zeros(6, dtype=dtype), weights.to(dtype), u_max)
+        log_ls = torch.log(torch.as_tensor(lengthscales, dtype=torch.float64))
+        if log_ls.shape != (6,) or not bool(torch.isfinite(log_ls).all()):
+            raise ValueError(f"lengthscales must be 6 positive numbers, got {lengthscales}")
+        return cls(centers.to(dtype), log_ls.to(dtype), weights.to(dtype), u_max)
 
     @classmethod
     def from_numpy(cls, policy: SumOfGaussiansPolicy, dtype: torch.dtype = torch.float32) -> TorchPolicy:

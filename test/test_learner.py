@@ -278,6 +278,16 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml", "train_pendubot_rk4.yaml",
                  "train_acrobot_rk4.yaml"):
         assert load_train_config(CONFIG / name).policy_u_max == 3.0
+    assert load_train_config(CONFIG / "train_pendubot_u6.yaml").policy_u_max == 6.0
+
+
+def test_initial_lengthscales_set_the_policy_and_are_validated():
+    policy = TorchPolicy.random(5, 3.0, torch.Generator().manual_seed(0), 15.0, torch.float64,
+                                (4.0, 4.0, 1.0, 1.0, 1.0, 1.0))
+    torch.testing.assert_close(policy.log_lengthscales.exp(), torch.tensor([4.0, 4.0, 1, 1, 1, 1], dtype=torch.float64))
+    assert float(policy.centers[:, :2].abs().max()) <= 15.0
+    with pytest.raises(ValueError, match="6 positive"):
+        TorchPolicy.random(5, 3.0, torch.Generator().manual_seed(0), lengthscales=(1.0, 0.0, 1, 1, 1, 1))
 
 
 def _friction_model(robot, prior="euler"):
