@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 from mcpilco_core.config import load_robot_config  # noqa: E402
 from mcpilco_core.cost import CostSettings, trajectory_cost  # noqa: E402
 from mcpilco_core.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
-from mcpilco_core.model import DynamicsModel, TransitionData, rollout  # noqa: E402
+from mcpilco_core.model import DynamicsModel, TransitionData, particle_noise, rollout  # noqa: E402
+from mcpilco_core.optimizer import ParticleThreads  # noqa: E402
 from mcpilco_core.torch_policy import TorchPolicy  # noqa: E402
 
 
@@ -61,7 +62,11 @@ def synthetic_model(gp_size: int, backward: str, seed: int = 0) -> DynamicsModel
 
 
 def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward: str, modes: list[str]) -> dict:
-    """Per mode: median / minimum wall and CPU time of one optimisation step (s), modes interleaved; peak RSS (MB)."""
+    """Per mode: median / minimum wall and CPU time of one optimisation step (s), modes interleaved; peak RSS (MB).
+
+    A mode ``M+particles`` is rollout mode M with ``parallel: particles``: the particles split between as many
+    Python threads as torch had intra-op threads, each running single-threaded ops (optimizer.ParticleThreads).
+    """
     model = synthetic_model(gp_size, backward)
     gen = torch.Generator().manual_seed(0)
     policy = TorchPolicy.random(200, 3.0, gen)
@@ -69,14 +74,24 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     first: dict[str, float] = {}
+    threads = torch.get_num_threads()
+    pools = {m: ParticleThreads(threads) for m in modes if m.endswith("+particles")}
     for i in range(steps + 1):
         for mode in modes:
             start, start_cpu = time.perf_counter(), time.process_time()
             policy.set_dropout(0.25, gen)
             opt.zero_grad()
             x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
-            loss = trajectory_cost(rollout(model, policy, x0, horizon, gen, mode=mode), CostSettings())
-            loss.backward()
+            rollout_mode = mode.removesuffix("+particles")
+            model.rollout_mode = rollout_mode
+            if mode in pools:
+                torch.set_num_threads(1)
+                noise = particle_noise(horizon, particles, gen, x0.dtype)
+                pools[mode].cost_and_gradients(model, policy, x0, noise, horizon, CostSettings())
+                torch.set_num_threads(threads)
+            else:
+                loss = trajectory_cost(rollout(model, policy, x0, horizon, gen, mode=rollout_mode), CostSettings())
+                loss.backward()
             opt.step()
             if i:
                 times[mode].append(time.perf_counter() - start)
@@ -84,6 +99,8 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
             else:
                 first[mode] = time.perf_counter() - start    # includes compilation for "compiled"
     base = modes[0]
+    for pool in pools.values():
+        pool.close()
     result = {"particles": particles, "gp_size": gp_size, "horizon": horizon, "backward": backward,
               "threads": torch.get_num_threads(), "peak_rss_mb": peak_rss_mb(), "modes": {}}
     for mode in modes:

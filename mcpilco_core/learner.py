@@ -67,6 +67,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: int = 2
+    parallel: str = "ops"                      # how the threads are used: "ops" (intra-op) | "particles"
     dtype: str = "float32"
     backward_matmul: str = "bfloat16"
     rollout: str = "fused"
@@ -93,6 +94,11 @@ class TrainConfig:
         return self.robot.u_max if self.u_max is None else self.u_max
 
     @property
+    def particle_threads(self) -> int:
+        """Threads that split the particles of an optimisation step (1 unless ``parallel: particles``)."""
+        return self.threads if self.parallel == "particles" else 1
+
+    @property
     def horizon_steps(self) -> int:
         return int(round(self.horizon / self.robot.policy_period))
 
@@ -107,7 +113,7 @@ class TrainConfig:
         return data
 
 
-_TOP_KEYS = ["robot_config", "seed", "device", "threads", "dtype", "backward_matmul", "rollout", "trials",
+_TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "backward_matmul", "rollout", "trials",
              "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
              "initial_state", "evaluation", "progress"]
 
@@ -136,6 +142,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
     config = TrainConfig(
         robot=robot_cfg, source=str(path), seed=r.integer("seed", d.seed, minimum=0),
         device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
+        parallel=r.string("parallel", d.parallel, choices=["ops", "particles"]),
         dtype=r.string("dtype", d.dtype, choices=["float32", "float64"]),
         backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=["float32", "bfloat16"]),
         rollout=r.string("rollout", d.rollout, choices=list(ROLLOUT_MODES)),
@@ -343,7 +350,9 @@ class Learner:
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
-        torch.set_num_threads(config.threads)
+        # "particles": each of `threads` Python threads propagates a share of the particles with single-threaded
+        # ops (optimizer.ParticleThreads); "ops": torch splits each op across `threads` threads.
+        torch.set_num_threads(1 if config.parallel == "particles" else config.threads)
         self.model = DynamicsModel(config.robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
         self.policy: TorchPolicy | None = None
@@ -410,7 +419,7 @@ class Learner:
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
                                  cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
-                                 description=description)
+                                 description=description, particle_threads=cfg.particle_threads)
         timings["optimization"] = result.wall_time
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})

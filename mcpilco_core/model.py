@@ -243,13 +243,20 @@ class DynamicsModel:
 ROLLOUT_MODES = ("fused", "compiled", "reference")
 
 
+def particle_noise(steps: int, particles: int, generator: torch.Generator | None, dtype: torch.dtype,
+                   device: torch.device | str = "cpu") -> torch.Tensor:
+    """The standard normals (steps, particles, 2) a sampled rollout uses (drawn on the CPU: reproducible)."""
+    return torch.randn((steps, particles, 2), generator=generator, dtype=dtype, device="cpu").to(device)
+
+
 def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generator: torch.Generator | None,
-            sample: bool = True, mode: str | None = None) -> torch.Tensor:
+            sample: bool = True, mode: str | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Propagate particles x0 (P, 4) for ``steps`` policy periods; returns states (steps + 1, P, 4).
 
     ``policy.forward_features(phi)`` gives the actuated torque (P,); a policy with ``rollout_parts()``
     (:class:`~mcpilco_core.torch_policy.TorchPolicy`) supplies a faster equivalent once per rollout. Noise comes
-    from ``generator`` (reparameterised, so the result is differentiable in the policy parameters and in x0).
+    from ``generator`` (reparameterised, so the result is differentiable in the policy parameters and in x0), or is
+    given as ``noise`` (steps, P, 2) (e.g. :func:`particle_noise` drawn once and split between threads).
     ``mode`` (default ``model.rollout_mode``): "fused" runs the rollout as one autograd node with a hand-written
     backward (:mod:`mcpilco_core.fused`; one node per transition for a policy without ``rollout_parts()``),
     "compiled" the same through ``torch.compile`` (eager fallback), "reference" the plain-autograd
@@ -261,10 +268,12 @@ def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generato
         raise ValueError(f"rollout mode {mode!r} is not one of {ROLLOUT_MODES}")
     if model.posterior is None:
         raise RuntimeError("the model has not been fitted")
-    noise = None
-    if sample:
-        noise = torch.randn((steps, x0.shape[0], 2), generator=generator, dtype=x0.dtype, device="cpu")
-        noise = noise.to(x0.device)
+    if not sample:
+        noise = None
+    elif noise is None:
+        noise = particle_noise(steps, x0.shape[0], generator, x0.dtype, x0.device)
+    elif noise.shape != (steps, x0.shape[0], 2):
+        raise ValueError(f"noise has shape {tuple(noise.shape)}, expected {(steps, x0.shape[0], 2)}")
     if mode == "reference":
         states = [x0]
         x = x0

@@ -160,6 +160,29 @@ def test_rollout_gradient_with_module_policy_equals_functional():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode,particles,thread_counts", [("fused", 7, (1, 2, 3)), ("compiled", 8, (1, 2))])
+def test_particle_threads_give_the_same_optimisation_as_one_thread(mode, particles, thread_counts):
+    """parallel: particles splits each step's particles between threads; J and its gradient are the same sums."""
+    from mcpilco_core.optimizer import OptimizerSettings, optimize_policy
+
+    model = _fitted_model()
+    model.rollout_mode = mode
+    settings = OptimizerSettings(max_steps_first=4, max_steps=4)
+    histories = []
+    for threads in thread_counts:                     # compiled: shares of 4 particles reuse the compiled code
+        policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+
+        def sample(n, generator):
+            return (torch.rand((n, 4), generator=generator, dtype=torch.float64) - 0.5) * 0.4
+
+        result = optimize_policy(policy, model, sample, particles, 5, CostSettings(), settings, 4,
+                                 torch.Generator().manual_seed(1), progress=False, particle_threads=threads)
+        histories.append((result.cost, torch.cat([p.detach().flatten() for p in policy.parameters()])))
+    for cost, params in histories[1:]:
+        np.testing.assert_allclose(cost, histories[0][0], rtol=1e-12)
+        torch.testing.assert_close(params, histories[0][1], rtol=1e-10, atol=1e-12)
+
+
 def test_bfloat16_backward_gives_close_gradients():
     model = _fitted_model(torch.float32, n=60)
     policy = TorchPolicy.random(20, 3.0, torch.Generator().manual_seed(9))
