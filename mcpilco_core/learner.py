@@ -157,7 +157,7 @@ def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig
         u_max=pol.number("u_max", robot_cfg.u_max, positive=True),
         initial_lengthscales=pol.vector("initial_lengthscales", 6, d.initial_lengthscales, positive=True),
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
-        cost=CostSettings(lengthscales=r.sub("cost").vector("lengthscales", 2, (3.0, 3.0), positive=True)),
+        cost=_cost_settings(r.sub("cost")),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
         progress=r.boolean("progress", d.progress))
@@ -189,6 +189,13 @@ def _gp_settings(r: _Reader) -> GPSettings:
                       noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
                       warm_start=r.boolean("warm_start", d.warm_start),
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS))
+
+
+def _cost_settings(r: _Reader) -> CostSettings:
+    r.reject_unknown(["lengthscales", "velocity_lengthscales"])
+    velocity = r.vector("velocity_lengthscales", 2, positive=True) if r.has("velocity_lengthscales") else None
+    return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
+                        velocity_lengthscales=velocity)  # type: ignore[arg-type]
 
 
 def _optimizer_settings(r: _Reader) -> OptimizerSettings:

@@ -213,6 +213,21 @@ def test_cost_wraps_angles_and_is_zero_at_goal():
     assert float(down) == pytest.approx(1 - math.exp(-(math.pi / 3) ** 2))
 
 
+def test_velocity_term_makes_passing_the_top_fast_costly(tmp_path):
+    settings = CostSettings(velocity_lengthscales=(12.0, 6.0))
+    at_rest_on_top = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert float(saturated_cost(at_rest_on_top, settings)) == 0.0
+    spinning = torch.tensor([[math.pi, 0.0, 12.0, -6.0]], dtype=torch.float64)
+    assert float(saturated_cost(spinning, settings)) == pytest.approx(1 - math.exp(-2.0))
+    assert float(saturated_cost(spinning, CostSettings())) == 0.0           # the seed's cost ignores speed
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ncost: {{velocity_lengthscales: [12, 6]}}\n")
+    assert load_train_config(path).cost == settings
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ncost: {{velocity_lengthscales: [12, 0]}}\n")
+    with pytest.raises(ConfigError, match=r"cost.velocity_lengthscales\[1\]"):
+        load_train_config(path)
+
+
 def test_transitions_resample_trajectory_at_the_policy_period():
     t = np.arange(41) * 0.002
     x = np.cumsum(np.ones((41, 4)), 0)
