@@ -316,7 +316,6 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     for name in ("train_pendubot.yaml", "train_acrobot.yaml", "train_tiny.yaml", "train_pendubot_rk4.yaml",
                  "train_acrobot_rk4.yaml"):
         assert load_train_config(CONFIG / name).policy_u_max == 3.0
-    assert load_train_config(CONFIG / "train_pendubot_u6.yaml").policy_u_max == 6.0
 
 
 def test_initial_lengthscales_set_the_policy_and_are_validated():
