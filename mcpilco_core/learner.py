@@ -118,15 +118,20 @@ _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "
              "initial_state", "evaluation", "progress"]
 
 
-def load_train_config(path: str | Path, robot: str | None = None) -> TrainConfig:
+def load_train_config(path: str | Path, robot: str | None = None,
+                      robot_config: str | Path | None = None) -> TrainConfig:
     """Read and validate a training YAML file; errors name the file and the field.
 
-    ``robot_config`` is resolved relative to the training file; ``robot`` (from ``--robot``) must match it.
+    ``robot_config`` (the file's field) is resolved relative to the training file unless the argument
+    ``robot_config`` replaces it (a run directory's copy, see ``RunDirectory.load_config``); ``robot`` (from
+    ``--robot``) must match it.
     """
     path = Path(path)
     r = _Reader(read_yaml(path) or {}, path)
     r.reject_unknown(_TOP_KEYS)
     robot_path = path.parent / r.string("robot_config", f"{robot or 'pendubot'}.yaml")
+    if robot_config is not None:
+        robot_path = Path(robot_config)
     robot_cfg = load_robot_config(robot_path)
     if robot is not None and robot_cfg.robot != robot:
         raise ConfigError(path, "robot_config", f"{robot_path} is for the {robot_cfg.robot}, not the {robot}")

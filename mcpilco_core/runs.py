@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
-from .learner import Learner, TrainConfig, TrialRecord
+from .learner import Learner, TrainConfig, TrialRecord, load_train_config
 from .optimizer import OptimizationResult
 from .policy import load_policy, save_policy
 from .simulation import Trajectory
@@ -88,6 +88,10 @@ class RunDirectory:
         if not name.is_absolute() and (robot_source.parent / name).is_file():
             (self.root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(robot_source.parent / name, self.root / name)
+
+    def load_config(self) -> TrainConfig:
+        """The run's training configuration from its own copies (train_config.yaml with robot_config.yaml)."""
+        return load_train_config(self.root / "train_config.yaml", robot_config=self.root / "robot_config.yaml")
 
     def log(self, message: str) -> None:
         LOG.info(message)

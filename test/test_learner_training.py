@@ -38,6 +38,9 @@ def test_tiny_training_writes_run_directory_and_cost_decreases(tmp_path):
     assert np.all(data["u"][:, 1] == 0.0)  # the passive joint never gets torque
     copied = load_robot_config(root / "robot_config.yaml")  # self-contained: the plant models file came along
     assert copied.plant == config.robot.plant
+    reloaded = RunDirectory(root).load_config()            # the run's own copies load as the same configuration
+    assert reloaded.robot.fingerprint() == config.robot.fingerprint()
+    assert replace(reloaded, source="", robot=config.robot) == replace(config, source="")
     with pytest.raises(RunError, match="--resume"):
         train(config, root)
 
