@@ -119,3 +119,18 @@ def test_policy_in_the_supervisor_and_evaluator(tmp_path, pendubot_config):
     results = evaluate_seeds(ControllerSpec(pendubot_config.source, str(path)), [0], duration=5.0)
     assert results[0].passive_max_torque == 0.0
     assert results[0].mode_fractions.get("policy", 0.0) > 0.5
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_shipped_policies_load_and_never_torque_the_passive_joint(robot):
+    """policies/<robot>.npz (what the launch files run by default) loads for its robot and, through the
+    protocol's first disturbance, never commands the passive joint."""
+    from mcpilco_core.evaluation import config_path_for
+    from mcpilco_core.paths import shipped_policy
+
+    path = shipped_policy(robot)
+    assert path is not None and path.is_file()
+    policy = load_policy(path, robot=robot, torque_limit=6.0)
+    assert policy.robot == robot and np.isfinite(policy.weights).all()
+    (result,) = evaluate_seeds(ControllerSpec(config_path_for(robot), str(path)), [0], duration=6.0)
+    assert result.passive_max_torque == 0.0 and result.passive_max_applied_torque == 0.0
