@@ -27,7 +27,7 @@ from mcpilco_core.simulation import MODE_CODES
 def trial_policies(run: Path) -> list[tuple[str, Path]]:
     """(label, policy file) of every trial of a run directory that has a policy (or the file itself)."""
     if run.is_file():
-        return [(run.name, run)]
+        return [(f"{run.parent.name}/{run.name}", run)]
     return [(f"{run.name}/{p.parent.name}", p) for p in sorted((run / "trials").glob("trial_*/policy.npz"))]
 
 
