@@ -118,6 +118,13 @@ _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "
              "initial_state", "evaluation", "progress"]
 
 
+def auto_threads() -> int:
+    """``threads: auto``: OMP_NUM_THREADS when set (the trainer node limits its retraining process that way),
+    else min(2, cores)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else min(2, os.cpu_count() or 1)
+
+
 def load_train_config(path: str | Path, robot: str | None = None,
                       robot_config: str | Path | None = None) -> TrainConfig:
     """Read and validate a training YAML file; errors name the file and the field.
@@ -137,7 +144,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         raise ConfigError(path, "robot_config", f"{robot_path} is for the {robot_cfg.robot}, not the {robot}")
     d = TrainConfig(robot=robot_cfg, source=str(path))
     threads = r.raw("threads", "auto")
-    threads = min(2, os.cpu_count() or 1) if threads == "auto" else r.integer("threads", minimum=1)
+    threads = auto_threads() if threads == "auto" else r.integer("threads", minimum=1)
     ex = r.sub("exploration")
     ex.reject_unknown(["duration", "amplitude"])
     pol = r.sub("policy")

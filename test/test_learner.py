@@ -1,6 +1,7 @@
 """Learner components: torch policy, physics prior, rollout gradients, non-finite detection, schedules, config."""
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +318,16 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     assert len(shipped) >= 8
     for path in shipped:                                  # every shipped training config loads
         assert load_train_config(path).policy_u_max in (3.0, 6.0)
+
+
+def test_auto_threads_follow_omp_num_threads(monkeypatch):
+    """The trainer node limits its retraining process with OMP_NUM_THREADS; `threads: auto` must honour it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = load_train_config(CONFIG / "train_pendubot.yaml")
+    assert config.threads == 1 and config.particle_threads == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    config = load_train_config(CONFIG / "train_pendubot.yaml")
+    assert config.threads == min(2, os.cpu_count() or 1) and config.parallel == "particles"
 
 
 def test_initial_lengthscales_set_the_policy_and_are_validated():
