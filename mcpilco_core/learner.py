@@ -169,7 +169,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         u_max=pol.number("u_max", robot_cfg.u_max, positive=True),
         initial_lengthscales=pol.vector("initial_lengthscales", 6, d.initial_lengthscales, positive=True),
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
-        cost=_cost_settings(r.sub("cost")),
+        cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
         progress=r.boolean("progress", d.progress))
@@ -203,11 +203,23 @@ def _gp_settings(r: _Reader) -> GPSettings:
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS))
 
 
-def _cost_settings(r: _Reader) -> CostSettings:
-    r.reject_unknown(["lengthscales", "velocity_lengthscales"])
+def _cost_settings(r: _Reader, robot: RobotConfig) -> CostSettings:
+    r.reject_unknown(["lengthscales", "velocity_lengthscales", "roa_weight", "roa_scale"])
     velocity = r.vector("velocity_lengthscales", 2, positive=True) if r.has("velocity_lengthscales") else None
+    weight = r.number("roa_weight", 0.0, nonnegative=True)
+    scale = r.number("roa_scale", 1.0, positive=True)
+    metric, rho = None, 1.0
+    if weight > 0:   # the supervisor's own LQR design and ROA level (cached estimate beside the robot config)
+        from .control import design_lqr, region_of_attraction
+        from .plant import DoublePendulum
+
+        plant = DoublePendulum(robot.plant)
+        design = design_lqr(plant, robot.actuated_joint, robot.lqr.Q_diag, robot.lqr.R)
+        rho = region_of_attraction(robot, plant, design).rho * robot.roa.enter_fraction * scale
+        metric = tuple(tuple(float(v) for v in row) for row in design.S)
     return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
-                        velocity_lengthscales=velocity)  # type: ignore[arg-type]
+                        velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
+                        roa_rho=float(rho))  # type: ignore[arg-type]
 
 
 def _optimizer_settings(r: _Reader) -> OptimizerSettings:

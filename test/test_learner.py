@@ -214,6 +214,36 @@ def test_cost_wraps_angles_and_is_zero_at_goal():
     assert float(down) == pytest.approx(1 - math.exp(-(math.pi / 3) ** 2))
 
 
+def test_roa_term_is_the_supervisors_lqr_cost_to_go(tmp_path):
+    import numpy as np
+
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control import design_lqr, region_of_attraction
+    from mcpilco_core.cost import roa_cost
+    from mcpilco_core.plant import DoublePendulum, wrap_state
+
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'acrobot.yaml'}\ncost: {{roa_weight: 2.0, roa_scale: 10}}\n")
+    settings = load_train_config(path).cost
+    robot = load_robot_config(CONFIG / "acrobot.yaml")
+    plant = DoublePendulum(robot.plant)
+    design = design_lqr(plant, robot.actuated_joint, robot.lqr.Q_diag, robot.lqr.R)
+    rho = region_of_attraction(robot, plant, design).rho
+    assert settings.roa_rho == pytest.approx(10 * rho * robot.roa.enter_fraction)
+    states = np.random.default_rng(0).normal(0, 1, (50, 4)) * [0.2, 0.2, 1, 1] + [math.pi + 4 * math.pi, -2 * math.pi, 0, 0]
+    expected = 1 - np.exp(-design.cost_to_go(wrap_state(states)) / settings.roa_rho)
+    assert np.allclose(roa_cost(torch.as_tensor(states), settings).numpy(), expected, rtol=1e-9, atol=1e-12)
+    goal = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert float(saturated_cost(goal, settings)) == 0.0
+    down = torch.zeros(1, 4, dtype=torch.float64)             # far outside: the term is 1, weighted 2 of 3
+    assert float(saturated_cost(down, settings)) == pytest.approx((1 - math.exp(-(math.pi / 3) ** 2) + 2) / 3)
+    path.write_text(f"robot_config: {CONFIG / 'acrobot.yaml'}\ncost: {{roa_weight: -1}}\n")
+    with pytest.raises(ConfigError, match="cost.roa_weight"):
+        load_train_config(path)
+    with pytest.raises(ValueError, match="roa_metric"):
+        CostSettings(roa_weight=1.0)
+
+
 def test_velocity_term_makes_passing_the_top_fast_costly(tmp_path):
     settings = CostSettings(velocity_lengthscales=(12.0, 6.0))
     at_rest_on_top = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)
