@@ -230,7 +230,8 @@ def test_roa_term_is_the_supervisors_lqr_cost_to_go(tmp_path):
     design = design_lqr(plant, robot.actuated_joint, robot.lqr.Q_diag, robot.lqr.R)
     rho = region_of_attraction(robot, plant, design).rho
     assert settings.roa_rho == pytest.approx(10 * rho * robot.roa.enter_fraction)
-    states = np.random.default_rng(0).normal(0, 1, (50, 4)) * [0.2, 0.2, 1, 1] + [math.pi + 4 * math.pi, -2 * math.pi, 0, 0]
+    noise = np.random.default_rng(0).normal(0, 1, (50, 4)) * [0.2, 0.2, 1, 1]
+    states = noise + [5 * math.pi, -2 * math.pi, 0, 0]                 # wound up by whole turns
     expected = 1 - np.exp(-design.cost_to_go(wrap_state(states)) / settings.roa_rho)
     assert np.allclose(roa_cost(torch.as_tensor(states), settings).numpy(), expected, rtol=1e-9, atol=1e-12)
     goal = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)
