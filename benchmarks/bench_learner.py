@@ -38,12 +38,14 @@ from mcpilco_core.config import load_robot_config  # noqa: E402
 from mcpilco_core.cost import CostSettings, trajectory_cost  # noqa: E402
 from mcpilco_core.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
 from mcpilco_core.model import DynamicsModel, TransitionData, particle_noise, rollout  # noqa: E402
-from mcpilco_core.optimizer import ParticleThreads  # noqa: E402
+from mcpilco_core.parallel import ParticleProcesses, ParticleThreads  # noqa: E402
 from mcpilco_core.torch_policy import TorchPolicy  # noqa: E402
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak RSS of this process plus that of its largest finished child (the ``+processes`` worker), MB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (own + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024.0
 
 
 def synthetic_model(gp_size: int, backward: str, seed: int = 0) -> DynamicsModel:
@@ -65,7 +67,8 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
     """Per mode: median / minimum wall and CPU time of one optimisation step (s), modes interleaved; peak RSS (MB).
 
     A mode ``M+particles`` is rollout mode M with ``parallel: particles``: the particles split between as many
-    Python threads as torch had intra-op threads, each running single-threaded ops (optimizer.ParticleThreads).
+    Python threads as torch had intra-op threads, each running single-threaded ops (parallel.ParticleThreads);
+    ``M+processes`` the same with worker processes (``parallel: processes``, parallel.ParticleProcesses).
     """
     model = synthetic_model(gp_size, backward)
     gen = torch.Generator().manual_seed(0)
@@ -75,14 +78,18 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     first: dict[str, float] = {}
     threads = torch.get_num_threads()
-    pools = {m: ParticleThreads(threads) for m in modes if m.endswith("+particles")}
+    pools: dict = {m: ParticleThreads(threads) for m in modes if m.endswith("+particles")}
+    for m in modes:
+        if m.endswith("+processes"):
+            model.rollout_mode = m.removesuffix("+processes")
+            pools[m] = ParticleProcesses(model, threads)
     for i in range(steps + 1):
         for mode in modes:
             start, start_cpu = time.perf_counter(), time.process_time()
             policy.set_dropout(0.25, gen)
             opt.zero_grad()
             x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
-            rollout_mode = mode.removesuffix("+particles")
+            rollout_mode = mode.removesuffix("+particles").removesuffix("+processes")
             model.rollout_mode = rollout_mode
             if mode in pools:
                 torch.set_num_threads(1)

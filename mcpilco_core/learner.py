@@ -32,6 +32,7 @@ from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .model import ROLLOUT_MODES, DynamicsModel, TransitionData, transitions_from_trajectory
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
+from .parallel import PARALLEL_MODES
 from .torch_policy import TorchPolicy
 
 LOG = logging.getLogger("mcpilco.learner")
@@ -67,7 +68,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: int = 2
-    parallel: str = "ops"                      # how the threads are used: "ops" (intra-op) | "particles"
+    parallel: str = "ops"            # how the threads are used: "ops" (intra-op) | "particles" | "processes"
     dtype: str = "float32"
     backward_matmul: str = "bfloat16"
     rollout: str = "fused"
@@ -95,8 +96,8 @@ class TrainConfig:
 
     @property
     def particle_threads(self) -> int:
-        """Threads that split the particles of an optimisation step (1 unless ``parallel: particles``)."""
-        return self.threads if self.parallel == "particles" else 1
+        """Threads or processes that split the particles of an optimisation step (1 with ``parallel: ops``)."""
+        return 1 if self.parallel == "ops" else self.threads
 
     @property
     def horizon_steps(self) -> int:
@@ -154,7 +155,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     config = TrainConfig(
         robot=robot_cfg, source=str(path), seed=r.integer("seed", d.seed, minimum=0),
         device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
-        parallel=r.string("parallel", d.parallel, choices=["ops", "particles"]),
+        parallel=r.string("parallel", d.parallel, choices=list(PARALLEL_MODES)),
         dtype=r.string("dtype", d.dtype, choices=["float32", "float64"]),
         backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=["float32", "bfloat16"]),
         rollout=r.string("rollout", d.rollout, choices=list(ROLLOUT_MODES)),
@@ -383,7 +384,7 @@ class Learner:
         self.config = config
         # "particles": each of `threads` Python threads propagates a share of the particles with single-threaded
         # ops (optimizer.ParticleThreads); "ops": torch splits each op across `threads` threads.
-        torch.set_num_threads(1 if config.parallel == "particles" else config.threads)
+        torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
         self.model = DynamicsModel(config.robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
         self.policy: TorchPolicy | None = None
@@ -450,7 +451,8 @@ class Learner:
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
                                  cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
-                                 description=description, particle_threads=cfg.particle_threads)
+                                 description=description, particle_threads=cfg.particle_threads,
+                                 particle_processes=cfg.parallel == "processes")
         timings["optimization"] = result.wall_time
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})

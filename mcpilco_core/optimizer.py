@@ -23,7 +23,11 @@ from tqdm import tqdm
 
 from .cost import CostSettings, trajectory_cost
 from .model import DynamicsModel, NonFiniteParticlesError, particle_noise, rollout
+from .parallel import ParticleProcesses, ParticleThreads
 from .torch_policy import TorchPolicy
+
+__all__ = ["OptimizationResult", "OptimizerSettings", "ParticleProcesses", "ParticleThreads", "PlateauMonitor",
+           "optimize_policy"]
 
 
 @dataclass(frozen=True)
@@ -103,62 +107,28 @@ class PlateauMonitor:
 MAX_SKIPPED_IN_A_ROW = 20  # consecutive steps with escaped particles or non-finite gradients before giving up
 
 
-def _share_cost_and_gradients(model: DynamicsModel, policy: TorchPolicy, x0: torch.Tensor, noise: torch.Tensor,
-                              steps_horizon: int, cost: CostSettings, weight: float) -> tuple[float, list]:
-    """weight * J of one share of the particles and its gradient w.r.t. the policy parameters (thread worker)."""
-    trajectory = rollout(model, policy, x0, steps_horizon, None, noise=noise)
-    loss = trajectory_cost(trajectory, cost) * weight
-    return float(loss.detach()), list(torch.autograd.grad(loss, list(policy.parameters())))
-
-
-class ParticleThreads:
-    """Propagate the particles of one optimisation step in ``threads`` shares at once, one Python thread each.
-
-    The particles are independent, so J = sum_i (P_i / P) J_i and its gradient is the same weighted sum: the
-    result equals the one-share computation up to float rounding (tested). Torch ops release the GIL, so with
-    single-threaded ops (``torch.set_num_threads(1)``) each share runs on its own core without the per-op
-    synchronisation of intra-op threads, which on small machines costs more than it gains.
-    """
-
-    def __init__(self, threads: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.threads = threads
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="particles")
-
-    def cost_and_gradients(self, model: DynamicsModel, policy: TorchPolicy, x0: torch.Tensor, noise: torch.Tensor,
-                           steps_horizon: int, cost: CostSettings) -> float:
-        """J of all particles; the summed gradient is left in the parameters' ``.grad``."""
-        model.posterior.fast()                            # build the shared constants once, before the threads
-        shares = torch.arange(x0.shape[0]).tensor_split(self.threads)
-        futures = [self.pool.submit(_share_cost_and_gradients, model, policy, x0[idx], noise[:, idx], steps_horizon,
-                                    cost, len(idx) / x0.shape[0]) for idx in shares if len(idx)]
-        results = [f.result() for f in futures]           # re-raises a worker's NonFiniteParticlesError
-        for i, param in enumerate(policy.parameters()):
-            param.grad = sum(grads[i] for _, grads in results)
-        return sum(value for value, _ in results)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
 def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                     sample_x0: Callable[[int, torch.Generator], torch.Tensor], particles: int,
                     steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
                     max_steps: int, generator: torch.Generator, progress: bool = True,
-                    description: str = "policy", particle_threads: int = 1) -> OptimizationResult:
+                    description: str = "policy", particle_threads: int = 1,
+                    particle_processes: bool = False) -> OptimizationResult:
     """Minimise the particle estimate of J over the policy parameters in place; return the history.
 
     sample_x0(n, generator) draws the initial particles (n, 4) on the rollout device and dtype.
-    ``particle_threads`` > 1 splits each step's particles between that many threads (:class:`ParticleThreads`);
-    the random draws (initial states, noise) are the same as with one thread.
+    ``particle_threads`` > 1 splits each step's particles between that many threads (:class:`ParticleThreads`),
+    or with ``particle_processes`` between this thread and worker processes (:class:`ParticleProcesses`); the
+    random draws (initial states, noise) are the same as with one thread.
     """
     opt = torch.optim.Adam(policy.parameters(), lr=settings.lr)
     monitor = PlateauMonitor(settings.smoothing, settings.ratio_threshold, settings.patience)
     lr, dropout = settings.lr, settings.dropout
     result = OptimizationResult()
     skipped_in_a_row = 0
-    threads = ParticleThreads(particle_threads) if particle_threads > 1 else None
+    threads: ParticleThreads | ParticleProcesses | None = None
+    if particle_threads > 1:
+        threads = (ParticleProcesses(model, particle_threads) if particle_processes
+                   else ParticleThreads(particle_threads))
     start = time.perf_counter()
     bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
     try:

@@ -184,6 +184,52 @@ def test_particle_threads_give_the_same_optimisation_as_one_thread(mode, particl
         torch.testing.assert_close(params, histories[0][1], rtol=1e-10, atol=1e-12)
 
 
+def test_particle_processes_give_the_same_optimisation_as_one_thread():
+    """parallel: processes runs all but the first share in spawned workers holding exact copies of the posterior."""
+    from mcpilco_core.optimizer import OptimizerSettings, optimize_policy
+
+    model = _fitted_model()
+    settings = OptimizerSettings(max_steps_first=3, max_steps=3)
+    histories = []
+    for processes in (False, True):
+        policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+
+        def sample(n, generator):
+            return (torch.rand((n, 4), generator=generator, dtype=torch.float64) - 0.5) * 0.4
+
+        result = optimize_policy(policy, model, sample, 7, 5, CostSettings(), settings, 3,
+                                 torch.Generator().manual_seed(1), progress=False, particle_threads=2,
+                                 particle_processes=processes)
+        histories.append((result.cost, torch.cat([p.detach().flatten() for p in policy.parameters()])))
+    np.testing.assert_allclose(histories[1][0], histories[0][0], rtol=1e-12)
+    torch.testing.assert_close(histories[1][1], histories[0][1], rtol=1e-10, atol=1e-12)
+
+
+def test_particle_processes_report_worker_failures_and_stop_their_workers():
+    from mcpilco_core.parallel import ParticleProcesses
+
+    model = _fitted_model()
+    policy = TorchPolicy.random(4, 3.0, torch.Generator().manual_seed(1), dtype=torch.float64)
+    noise = torch.zeros(3, 6, 2, dtype=torch.float64)
+    x0 = torch.zeros(6, 4, dtype=torch.float64)
+    pool = ParticleProcesses(model, 2)
+    try:
+        assert pool.cost_and_gradients(model, policy, x0, noise, 3, CostSettings()) > 0
+        bad = x0.clone()
+        bad[5, 2] = float("nan")                           # in the worker's share
+        with pytest.raises(NonFiniteParticlesError, match="non-finite particle states"):
+            pool.cost_and_gradients(model, policy, bad, noise, 3, CostSettings())
+        assert pool.cost_and_gradients(model, policy, x0, noise, 3, CostSettings()) > 0   # still in step
+        pool.processes[0].kill()
+        pool.processes[0].join()
+        with pytest.raises(RuntimeError, match="particle worker particles-1 died"):
+            pool.cost_and_gradients(model, policy, x0, noise, 3, CostSettings())
+    finally:
+        processes = list(pool.processes)
+        pool.close()
+    assert not any(p.is_alive() for p in processes)
+
+
 def test_bfloat16_backward_gives_close_gradients():
     model = _fitted_model(torch.float32, n=60)
     policy = TorchPolicy.random(20, 3.0, torch.Generator().manual_seed(9))
@@ -358,7 +404,7 @@ def test_auto_threads_follow_omp_num_threads(monkeypatch):
     assert config.threads == 1 and config.particle_threads == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
     config = load_train_config(CONFIG / "train_pendubot.yaml")
-    assert config.threads == min(2, os.cpu_count() or 1) and config.parallel == "particles"
+    assert config.threads == min(2, os.cpu_count() or 1) and config.parallel == "processes"
 
 
 def test_initial_lengthscales_set_the_policy_and_are_validated():
