@@ -85,6 +85,8 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
             pools[m] = ParticleProcesses(model, threads)
     for i in range(steps + 1):
         for mode in modes:
+            if torch.get_num_threads() != (1 if mode in pools else threads):   # as in training: set once per run
+                torch.set_num_threads(1 if mode in pools else threads)
             start, start_cpu = time.perf_counter(), time.process_time()
             policy.set_dropout(0.25, gen)
             opt.zero_grad()
@@ -92,10 +94,8 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
             rollout_mode = mode.removesuffix("+particles").removesuffix("+processes")
             model.rollout_mode = rollout_mode
             if mode in pools:
-                torch.set_num_threads(1)
                 noise = particle_noise(horizon, particles, gen, x0.dtype)
                 pools[mode].cost_and_gradients(model, policy, x0, noise, horizon, CostSettings())
-                torch.set_num_threads(threads)
             else:
                 loss = trajectory_cost(rollout(model, policy, x0, horizon, gen, mode=rollout_mode), CostSettings())
                 loss.backward()
@@ -109,7 +109,7 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
     for pool in pools.values():
         pool.close()
     result = {"particles": particles, "gp_size": gp_size, "horizon": horizon, "backward": backward,
-              "threads": torch.get_num_threads(), "peak_rss_mb": peak_rss_mb(), "modes": {}}
+              "threads": threads, "peak_rss_mb": peak_rss_mb(), "modes": {}}
     for mode in modes:
         result["modes"][mode] = {
             "step_s": float(np.median(times[mode])), "step_min_s": float(np.min(times[mode])),
