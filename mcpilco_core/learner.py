@@ -179,6 +179,9 @@ def load_train_config(path: str | Path, robot: str | None = None,
     if config.u_max > robot_cfg.torque_limit:
         raise ConfigError(path, "policy.u_max", f"{config.u_max} N m exceeds the torque limit "
                                                 f"{robot_cfg.torque_limit} N m")
+    if config.parallel != "ops" and config.device != "cpu":
+        raise ConfigError(path, "parallel", f"{config.parallel!r} splits particles between CPU cores; "
+                                            "use parallel: ops with device: cuda")
     if config.horizon_steps < 1:
         raise ConfigError(path, "horizon", "shorter than one policy period")
     return config

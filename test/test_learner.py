@@ -205,6 +205,13 @@ def test_particle_processes_give_the_same_optimisation_as_one_thread():
     torch.testing.assert_close(histories[1][1], histories[0][1], rtol=1e-10, atol=1e-12)
 
 
+def test_particle_splitting_is_refused_on_cuda(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ndevice: cuda\nparallel: processes\n")
+    with pytest.raises(ConfigError, match="parallel.*use parallel: ops with device: cuda"):
+        load_train_config(path)
+
+
 def test_particle_processes_report_worker_failures_and_stop_their_workers():
     from mcpilco_core.parallel import ParticleProcesses
 
