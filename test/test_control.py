@@ -127,11 +127,13 @@ def test_policy_runs_at_its_own_rate_with_zero_order_hold(pendubot_config):
 
 def test_lqr_hysteresis(pendubot_config):
     controller = build_controller(pendubot_config)
-    design, rho = controller.design, controller.rho
+    design, rho, roa = controller.design, controller.rho, pendubot_config.roa
+    assert roa.enter_fraction < roa.exit_fraction
+    enter, leave = roa.enter_fraction * rho, roa.exit_fraction * rho
     rng = np.random.default_rng(0)
-    inside = sample_sublevel_states(design, np.array([0.5 * rho]), rng)[0]
-    between = sample_sublevel_states(design, np.array([1.2 * rho]), rng)[0]
-    outside = sample_sublevel_states(design, np.array([2.0 * rho]), rng)[0]
+    inside = sample_sublevel_states(design, np.array([0.5 * enter]), rng)[0]
+    between = sample_sublevel_states(design, np.array([0.5 * (enter + leave)]), rng)[0]
+    outside = sample_sublevel_states(design, np.array([1.2 * leave]), rng)[0]
     controller.step(between, 0.0)
     assert controller.mode == "idle"
     controller.step(inside, 0.002)
@@ -175,6 +177,8 @@ def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeyp
     data["estimate"]["rho"] = 0.123
     cache.write_text(json.dumps(data))
     assert region_of_attraction(config, plant, design).rho == 0.123  # served from the cache
+    switching = dataclasses.replace(config, roa=dataclasses.replace(config.roa, enter_fraction=3.0, exit_fraction=5.0))
+    assert region_of_attraction(switching, plant, design).rho == 0.123  # the fractions do not change rho
     changed = dataclasses.replace(config, torque_limit=5.0)
     assert region_of_attraction(changed, plant, design).rho != 0.123  # different fingerprint: recomputed
     fixed = dataclasses.replace(config, roa=dataclasses.replace(config.roa, rho=0.7))

@@ -104,7 +104,11 @@ def estimate_roa(plant: DoublePendulum, design: LqrDesign, torque_limit: float, 
 
 
 def _cache_key(config: RobotConfig) -> str:
-    return config.fingerprint()
+    """Fingerprint of the config without the switching fractions (they use rho, they do not change it)."""
+    from dataclasses import replace
+
+    neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction)
+    return replace(config, roa=neutral).fingerprint()
 
 
 def cache_paths(config: RobotConfig) -> list[Path]:
