@@ -26,8 +26,10 @@ from mcpilco_core.simulation import MODE_CODES
 
 def trial_policies(run: Path) -> list[tuple[str, Path]]:
     """(label, policy file) of every trial of a run directory that has a policy (or the file itself)."""
-    if run.is_file():
-        return [(f"{run.parent.name}/{run.name}", run)]
+    if run.is_file():      # runs/NAME/trials/trial_007/policy.npz -> NAME/trial_007 (labels must be unique)
+        parts = run.parts[-4:]
+        label = f"{parts[0]}/{parts[2]}" if len(parts) == 4 and parts[1] == "trials" else "/".join(run.parts[-2:])
+        return [(label, run)]
     return [(f"{run.name}/{p.parent.name}", p) for p in sorted((run / "trials").glob("trial_*/policy.npz"))]
 
 
