@@ -385,8 +385,8 @@ class Learner:
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
-        # "particles": each of `threads` Python threads propagates a share of the particles with single-threaded
-        # ops (optimizer.ParticleThreads); "ops": torch splits each op across `threads` threads.
+        # "particles" / "processes": each of `threads` Python threads / processes propagates a share of the
+        # particles with single-threaded ops (parallel.py); "ops": torch splits each op across `threads` threads.
         torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
         self.model = DynamicsModel(config.robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
