@@ -214,13 +214,11 @@ def _cost_settings(r: _Reader, robot: RobotConfig) -> CostSettings:
     scale = r.number("roa_scale", 1.0, positive=True)
     metric, rho = None, 1.0
     if weight > 0:   # the supervisor's own LQR design and ROA level (cached estimate beside the robot config)
-        from .control import design_lqr, region_of_attraction
-        from .plant import DoublePendulum
+        from .control import build_controller
 
-        plant = DoublePendulum(robot.plant)
-        design = design_lqr(plant, robot.actuated_joint, robot.lqr.Q_diag, robot.lqr.R)
-        rho = region_of_attraction(robot, plant, design).rho * robot.roa.enter_fraction * scale
-        metric = tuple(tuple(float(v) for v in row) for row in design.S)
+        supervisor = build_controller(robot)
+        rho = supervisor.rho * robot.roa.enter_fraction * scale
+        metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
     return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
                         roa_rho=float(rho))  # type: ignore[arg-type]

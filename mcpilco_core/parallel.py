@@ -72,9 +72,10 @@ class ParticleThreads:
 
 # ---------------------------------------------------------------------------------------------------- processes
 def _posterior_arrays(posterior: GPPosterior) -> dict:
-    return {f.name: (getattr(posterior, f.name).numpy() if isinstance(getattr(posterior, f.name), torch.Tensor)
-                     else getattr(posterior, f.name))
-            for f in fields(GPPosterior) if f.name not in ("backward_matrix", "_fast")}
+    """The posterior's fields (tensors as numpy arrays), without the derived backward matrix and fast constants."""
+    values = {f.name: getattr(posterior, f.name) for f in fields(GPPosterior)
+              if f.name not in ("backward_matrix", "_fast")}
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
 def _worker(conn, config, settings, rollout_mode: str, posterior: dict, backward: str) -> None:
