@@ -20,7 +20,8 @@ TEST = [r for r in requirements("requirements.txt") if r.startswith(("pytest", "
 setup(
     name=PACKAGE,
     version="0.1.0",
-    packages=["mcpilco_core", "mcpilco_core.control", "mcpilco_core.hardware", "mcpilco_ros"],
+    packages=["mcpilco_core", "mcpilco_core.control", "mcpilco_core.hardware", "mcpilco_core.recording",
+              "mcpilco_core.learning", "mcpilco_ros"],
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
@@ -38,7 +39,7 @@ setup(
     python_requires=">=3.10",
     entry_points={
         "console_scripts": [
-            "mcpilco = mcpilco_core.cli:main",
+            "mcpilco = mcpilco_ros.cli:main",
             "controller_node = mcpilco_ros.controller_node:main",
             "sim_driver_node = mcpilco_ros.sim_driver_node:main",
             "moteus_driver_node = mcpilco_ros.moteus_driver_node:main",

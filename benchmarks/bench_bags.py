@@ -3,7 +3,7 @@
     python benchmarks/bench_bags.py [--messages 100000] [--storage mcap|sqlite3] [--version 8|9]
 
 Write = TrialRecorder.write of pre-serialized CDR (what the trainer node does with raw subscriptions) + close.
-Read = mcpilco_core.trials.load_trial: decode both streams and resample to the 20 ms policy period.
+Read = mcpilco_core.recording.load_trial: decode both streams and resample to the 20 ms policy period.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from rosbags.typesys import Stores, get_typestore
 
-from mcpilco_core import trials
+from mcpilco_core import recording
 from mcpilco_core.config import load_robot_config
 from mcpilco_core.paths import config_dir
 
@@ -35,30 +35,30 @@ def messages(count: int) -> list[tuple[str, bytes, int]]:
         head_cmd = header(stamp=head.stamp, frame_id="policy")
         command = js(header=head_cmd, name=["shoulder", "elbow"], position=np.zeros(0), velocity=np.zeros(0),
                      effort=np.array([0.25, 0.0]))
-        out.append((trials.STATE_TOPIC, bytes(store.serialize_cdr(state, trials.JOINT_STATE_TYPE)), ns))
-        out.append((trials.COMMAND_TOPIC, bytes(store.serialize_cdr(command, trials.JOINT_STATE_TYPE)), ns))
+        out.append((recording.STATE_TOPIC, bytes(store.serialize_cdr(state, recording.JOINT_STATE_TYPE)), ns))
+        out.append((recording.COMMAND_TOPIC, bytes(store.serialize_cdr(command, recording.JOINT_STATE_TYPE)), ns))
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--storage", choices=trials.STORAGES, default="mcap")
-    parser.add_argument("--version", type=int, choices=trials.BAG_VERSIONS, default=9)
+    parser.add_argument("--storage", choices=recording.STORAGES, default="mcap")
+    parser.add_argument("--version", type=int, choices=recording.BAG_VERSIONS, default=9)
     args = parser.parse_args()
     config = load_robot_config(config_dir() / "pendubot.yaml")
     data = messages(args.messages)
     with tempfile.TemporaryDirectory() as tmp:
         bag = Path(tmp) / "bag"
         start = time.perf_counter()
-        recorder = trials.TrialRecorder(bag, storage=args.storage, version=args.version)
+        recorder = recording.TrialRecorder(bag, storage=args.storage, version=args.version)
         for topic, raw, ns in data:
             recorder.write(topic, raw, ns)
         recorder.close()
         write_s = time.perf_counter() - start
         size = sum(p.stat().st_size for p in bag.iterdir())
         start = time.perf_counter()
-        trial = trials.load_trial(bag, config)
+        trial = recording.load_trial(bag, config)
         read_s = time.perf_counter() - start
     print(f"{len(data)} messages, {args.storage} v{args.version}, {size / 1e6:.1f} MB: write {write_s:.2f} s "
           f"({len(data) / write_s / 1e3:.0f} k msg/s), read + resample {read_s:.2f} s "

@@ -35,11 +35,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from mcpilco_core.config import load_robot_config  # noqa: E402
-from mcpilco_core.cost import CostSettings, trajectory_cost  # noqa: E402
-from mcpilco_core.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
-from mcpilco_core.model import DynamicsModel, TransitionData, particle_noise, rollout  # noqa: E402
-from mcpilco_core.parallel import ParticleProcesses, ParticleThreads  # noqa: E402
-from mcpilco_core.torch_policy import TorchPolicy  # noqa: E402
+from mcpilco_core.learning.cost import CostSettings, trajectory_cost  # noqa: E402
+from mcpilco_core.learning.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
+from mcpilco_core.learning.model import DynamicsModel, particle_noise, rollout  # noqa: E402
+from mcpilco_core.learning.parallel import ParticleProcesses, ParticleThreads  # noqa: E402
+from mcpilco_core.learning.torch_policy import TorchPolicy  # noqa: E402
+from mcpilco_core.recording.transitions import TransitionData, transitions_from_trajectory  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -122,13 +123,13 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
 
 def trial_fit_time() -> dict:
     """Model fit on simulator data: 600 transitions of random torques, 1500 Adam steps, SoD to 300."""
-    from mcpilco_core.learner import ExplorationController, run_on_robot
+    from mcpilco_core.learning.learner import ExplorationController, run_on_robot
 
     config = load_robot_config(REPO / "config" / "pendubot.yaml")
     rng = np.random.default_rng(0)
     model = DynamicsModel(config, GPSettings())
     data = TransitionData.empty()
-    from mcpilco_core.model import transitions_from_trajectory
+
 
     start = time.perf_counter()
     for _ in range(4):

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mcpilco_core.cost import CostSettings, trajectory_cost
-from mcpilco_core.learner import Learner, initial_distribution, trial_generators
-from mcpilco_core.model import rollout
-from mcpilco_core.optimizer import optimize_policy
+from mcpilco_core.learning.cost import CostSettings, trajectory_cost
+from mcpilco_core.learning.learner import Learner, initial_distribution, trial_generators
+from mcpilco_core.learning.model import rollout
+from mcpilco_core.learning.optimizer import optimize_policy
+from mcpilco_core.learning.runs import RunDirectory
+from mcpilco_core.learning.torch_policy import TorchPolicy
 from mcpilco_core.policy import save_policy
-from mcpilco_core.runs import RunDirectory
-from mcpilco_core.torch_policy import TorchPolicy
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from mcpilco_core.config import load_robot_config
-from mcpilco_core.gp import GPSettings
-from mcpilco_core.model import DynamicsModel
+from mcpilco_core.learning.gp import GPSettings
+from mcpilco_core.learning.model import DynamicsModel
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@
 
 Starts sim_driver_node (realtime, 500 Hz) and controller_node (armed) as processes, listens to their
 diagnostics, and reports the driver's tick period (p50/p99/max) and rate, and the controller's state period
-and step compute time, first idle, then while `python -m mcpilco_core.session_cli retrain` runs back to back
+and step compute time, first idle, then while `python -m mcpilco_core.learning.retrain retrain` runs back to back
 at the given niceness on a session of simulated exploration trials (config/train_tiny.yaml).
 """
 
@@ -22,16 +22,16 @@ import numpy as np
 
 
 def make_session(root: Path) -> None:
-    from mcpilco_core import trials
+    from mcpilco_core import recording
     from mcpilco_core.config import load_robot_config
-    from mcpilco_core.learner import ExplorationController, run_on_robot
+    from mcpilco_core.learning.learner import ExplorationController, run_on_robot
     from mcpilco_core.paths import config_dir
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
     from test_trials import write_stream
 
     config = load_robot_config(config_dir() / "pendubot.yaml")
-    session = trials.Session.create(root, config)
+    session = recording.SessionDirectory.create(root, config)
     for seed in (1, 2, 3):
         traj = run_on_robot(config, ExplorationController(config, 3.0, np.random.default_rng(seed)), np.zeros(4), 2.0)
         recorder = session.start_trial("none")
@@ -88,7 +88,7 @@ def main() -> int:
     quiet = subprocess.DEVNULL
     nodes = [subprocess.Popen(node_command(m, params), env=env, stdout=quiet, stderr=quiet)
              for m in ("sim_driver_node", "controller_node")]
-    retrain_cmd = [sys.executable, "-m", "mcpilco_core.session_cli", "retrain", "--sessions", str(tmp / "session"),
+    retrain_cmd = [sys.executable, "-m", "mcpilco_core.learning.retrain", "retrain", "--sessions", str(tmp / "session"),
                    "--out", str(tmp / "run"), "--config", str(config_dir() / "train_tiny.yaml"), "--warm-start"]
     try:
         latest: dict = {}

@@ -46,7 +46,7 @@ def cpu_seconds() -> float:
 
 def main() -> int:
     from mcpilco_core.paths import config_dir
-    from mcpilco_ros.session import Session, SessionOptions
+    from mcpilco_ros.sim_session import SessionOptions, SimSession
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -57,7 +57,7 @@ def main() -> int:
     config = small_config(args.out.parent / (args.out.name + "_config")) if args.scale == "small" \
         else config_dir() / "train_pendubot.yaml"
     start, cpu = time.perf_counter(), cpu_seconds()
-    result = Session(SessionOptions(robot="pendubot", train_config=config, out=args.out, trials=args.trials,
+    result = SimSession(SessionOptions(robot="pendubot", train_config=config, out=args.out, trials=args.trials,
                                     eval_seeds=tuple(args.eval_seeds))).run()
     wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     print("\ntrial  mode     policy         mean cost  eval score  trial s  retrain after s")

@@ -210,7 +210,6 @@ class ZeroController:
         return np.zeros(2)
 
 
-BUILTIN_CONTROLLERS = ("lqr", "zero")
 
 
 def _evaluate_spec(spec: ControllerSpec, seed: int, keep_trajectory: bool, duration: float) -> EvaluationResult:

@@ -40,12 +40,6 @@ def _ops(value: Any) -> Any:
     return _FLOAT_OPS
 
 
-def _stack(ops: Any, items: list) -> Any:
-    if ops is _FLOAT_OPS:
-        return items
-    return ops.stack(items, -1)
-
-
 class DoublePendulum:
     """Rigid-body model of the double pendulum.
 

@@ -6,7 +6,7 @@ subprocesses with the same ``--ros-args --params-file config/<robot>.yaml`` the 
 trajectory; this module prints the score and writes the plot. ``--compare`` also runs ``mcpilco evaluate``'s
 computation in-process for the same seed and prints the difference (the ROS path must not change behaviour).
 
-This module never imports rclpy (the nodes run in their own processes), so ``mcpilco_core.cli`` may
+This module never imports rclpy (the nodes run in their own processes), so ``mcpilco_ros.cli`` may
 register it freely. Discovery stays on this machine (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` unless
 set) and the nodes get a private ``ROS_DOMAIN_ID`` unless one is set, so a demo never talks to a robot.
 """
@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    """``mcpilco demo``: for mcpilco_core.cli's COMMAND_MODULES (imports nothing of ROS here)."""
+    """``mcpilco demo``: for mcpilco_ros.cli's COMMAND_MODULES (imports nothing of ROS here)."""
     p = subparsers.add_parser("demo", help="run the 60 s protocol through the ROS nodes (simulated robot)",
                               description=__doc__.split("\n\n")[0])
     add_arguments(p)

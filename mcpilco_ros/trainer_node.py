@@ -2,9 +2,9 @@
 
 - ``~/start_trial`` / ``~/stop_trial`` (std_srvs/Trigger): record ``joint_states``, ``joint_commands`` (whose
   ``header.frame_id`` is the controller's mode) and ``diagnostics`` into ``session_dir/trial_NNN`` -- raw CDR
-  straight from the subscriptions, through :mod:`mcpilco_core.trials` (temporary name, renamed when closed,
+  straight from the subscriptions, through :mod:`mcpilco_core.recording` (temporary name, renamed when closed,
   flushed every ``flush_period`` s). ``trial_duration`` > 0 stops a trial by itself after that many seconds.
-- ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.session_cli retrain`` on
+- ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.learning.retrain retrain`` on
   the session in a **separate, niced process** (the control loop's process and its executor are never
   blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
   controller's ``policy`` parameter to that file and calls its ``~/reload_policy``.
@@ -34,7 +34,7 @@ from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
-from mcpilco_core import trials
+from mcpilco_core import recording
 from mcpilco_core.paths import config_dir
 
 from ._ros_utils import (
@@ -88,19 +88,19 @@ class TrainerNode(Node):
         self.p = declare(self, TRAINER_PARAMETERS)
         warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + TRAINER_PARAMETERS])
         self.config = robot_config_from_parameters(values)
-        if self.p["storage"] not in trials.STORAGES:
-            raise ParameterError(f"parameter 'storage': must be one of {list(trials.STORAGES)}")
+        if self.p["storage"] not in recording.STORAGES:
+            raise ParameterError(f"parameter 'storage': must be one of {list(recording.STORAGES)}")
         self.train_config = Path(self.p["train_config"] or config_dir() / f"train_{self.config.robot}.yaml")
         if not self.train_config.is_file():
             raise ParameterError(f"parameter 'train_config': {self.train_config}: no such file")
         try:
-            self.session = trials.Session.create(self.p["session_dir"], self.config, self.p["notes"])
-        except trials.TrialError as exc:
+            self.session = recording.SessionDirectory.create(self.p["session_dir"], self.config, self.p["notes"])
+        except recording.TrialError as exc:
             raise ParameterError(f"parameter 'session_dir': {exc}") from exc
         if self.session.partial_bags():
-            recovered = trials.recover_session(self.session.root)
+            recovered = recording.recover_session(self.session.root)
             self.get_logger().warning(f"recovered partial bag(s) left by a crash: {[str(p) for p in recovered]}")
-        self.recorder: trials.TrialRecorder | None = None
+        self.recorder: recording.TrialRecorder | None = None
         self._trial_timer = None
         self._trial_started = 0.0
         self.controller_policy_version = "unknown"
@@ -113,7 +113,7 @@ class TrainerNode(Node):
         self.last_policy = ""
         self.last_reload = ""
 
-        topics = [trials.STATE_TOPIC, trials.COMMAND_TOPIC]
+        topics = [recording.STATE_TOPIC, recording.COMMAND_TOPIC]
         for topic in topics:
             self.create_subscription(JointState, topic, self._recorder_callback(topic), RECORD_QOS, raw=True)
         self.create_subscription(DiagnosticArray, "diagnostics", self._on_diagnostics, 50, raw=True)
@@ -137,7 +137,7 @@ class TrainerNode(Node):
 
     def _on_diagnostics(self, data: bytes) -> None:
         if self.recorder is not None and self.p["record_diagnostics"]:
-            self.recorder.write(trials.DIAGNOSTICS_TOPIC, data, self.get_clock().now().nanoseconds)
+            self.recorder.write(recording.DIAGNOSTICS_TOPIC, data, self.get_clock().now().nanoseconds)
         msg = deserialize_message(data, DiagnosticArray)
         for st in msg.status:
             if st.name.startswith("controller_node"):
@@ -147,14 +147,14 @@ class TrainerNode(Node):
     def start_trial(self) -> tuple[bool, str]:
         if self.recorder is not None:
             return False, f"already recording {self.recorder.final}"
-        topics = [trials.STATE_TOPIC, trials.COMMAND_TOPIC]
+        topics = [recording.STATE_TOPIC, recording.COMMAND_TOPIC]
         if self.p["record_diagnostics"]:
-            topics.append(trials.DIAGNOSTICS_TOPIC)
+            topics.append(recording.DIAGNOSTICS_TOPIC)
         try:
             self.recorder = self.session.start_trial(self.controller_policy_version, notes=self.p["notes"],
                                                      storage=self.p["storage"], version=int(self.p["bag_version"]),
                                                      flush_period=float(self.p["flush_period"]), topics=topics)
-        except (trials.TrialError, OSError) as exc:
+        except (recording.TrialError, OSError) as exc:
             return False, f"cannot start a trial: {exc}"
         self._trial_started = time.monotonic()
         if self.p["trial_duration"] > 0:
@@ -170,7 +170,7 @@ class TrainerNode(Node):
             self._trial_timer = None
         try:
             entry = self.session.finish_trial(recorder)
-        except (trials.TrialError, OSError) as exc:
+        except (recording.TrialError, OSError) as exc:
             return False, f"{recorder.partial}: could not close the bag ({exc}); it stays recoverable"
         message = f"{recorder.final}: {entry['messages']} in {entry['duration_s']:.1f} s"
         if self.p["retrain_after_trial"]:
@@ -194,7 +194,7 @@ class TrainerNode(Node):
     # ---------------------------------------------------------------- retraining
     def retrain_command(self) -> list[str]:
         sessions = [str(self.session.root)] + [s.strip() for s in self.p["extra_sessions"].split(",") if s.strip()]
-        cmd = [sys.executable, "-m", "mcpilco_core.session_cli", "retrain", "--sessions", *sessions,
+        cmd = [sys.executable, "-m", "mcpilco_core.learning.retrain", "retrain", "--sessions", *sessions,
                "--out", str(self.p["run_dir"]), "--config", str(self.train_config), "--json"]
         return cmd + (["--warm-start"] if self.p["warm_start"] else [])
 
@@ -286,19 +286,19 @@ class TrainerNode(Node):
 
     # ---------------------------------------------------------------- diagnostics
     def publish_diagnostics(self) -> None:
-        recording = self.recorder is not None
+        active = self.recorder is not None
         if self.last_retrain.startswith(("failed", "stopped")):
             level, message = ERROR, f"retrain {self.last_retrain}"
         elif self.retrain_proc is not None:
             level, message = OK, "retraining"
-        elif recording:
+        elif active:
             level, message = OK, f"recording {self.recorder.final.name}"
         else:
             level, message = (WARN, "idle (no trial yet)") if not self.session.bags() else (OK, "idle")
-        values = {"recording": recording, "trial": self.recorder.final.name if recording else "",
-                  "trial_elapsed_s": time.monotonic() - self._trial_started if recording else 0.0,
-                  "messages": self.recorder.message_count if recording else 0,
-                  "states_recorded": self.recorder.counts.get(trials.STATE_TOPIC, 0) if recording else 0,
+        values = {"recording": active, "trial": self.recorder.final.name if active else "",
+                  "trial_elapsed_s": time.monotonic() - self._trial_started if active else 0.0,
+                  "messages": self.recorder.message_count if active else 0,
+                  "states_recorded": self.recorder.counts.get(recording.STATE_TOPIC, 0) if active else 0,
                   "session": str(self.session.root), "trials_recorded": len(self.session.bags()),
                   "retraining": self.retrain_proc is not None, "retrains_started": self.retrain_count,
                   "retrains_finished": self.retrains_finished,

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 
-from mcpilco_core import cli
 from mcpilco_core.evaluation import (
     DT,
     ControllerSpec,
@@ -20,6 +19,7 @@ from mcpilco_core.evaluation import (
     uptime,
 )
 from mcpilco_core.plant import GOAL
+from mcpilco_ros import cli
 
 
 def test_schedule_matches_numpy_global_rng():

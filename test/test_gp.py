@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from mcpilco_core.gp import (
+from mcpilco_core.learning.gp import (
     GPHyperparameters,
     build_posterior,
     fit_hyperparameters,

@@ -9,19 +9,20 @@ import pytest
 import torch
 
 from mcpilco_core.config import ConfigError, load_robot_config
-from mcpilco_core.cost import CostSettings, saturated_cost, trajectory_cost
-from mcpilco_core.gp import GPHyperparameters, GPSettings, build_posterior
-from mcpilco_core.learner import (
+from mcpilco_core.learning.cost import CostSettings, saturated_cost, trajectory_cost
+from mcpilco_core.learning.gp import GPHyperparameters, GPSettings, build_posterior
+from mcpilco_core.learning.learner import (
     ExplorationController,
     curriculum_gamma,
     initial_distribution,
     load_train_config,
     trial_generators,
 )
-from mcpilco_core.model import DynamicsModel, NonFiniteParticlesError, rollout, transitions_from_trajectory
-from mcpilco_core.optimizer import PlateauMonitor
+from mcpilco_core.learning.model import DynamicsModel, NonFiniteParticlesError, rollout
+from mcpilco_core.learning.optimizer import PlateauMonitor
+from mcpilco_core.learning.torch_policy import TorchPolicy
 from mcpilco_core.policy import load_policy, save_policy
-from mcpilco_core.torch_policy import TorchPolicy
+from mcpilco_core.recording.transitions import transitions_from_trajectory
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "config"
@@ -164,7 +165,7 @@ def test_rollout_gradient_with_module_policy_equals_functional():
 @pytest.mark.parametrize("mode,particles,thread_counts", [("fused", 7, (1, 2, 3)), ("compiled", 8, (1, 2))])
 def test_particle_threads_give_the_same_optimisation_as_one_thread(mode, particles, thread_counts):
     """parallel: particles splits each step's particles between threads; J and its gradient are the same sums."""
-    from mcpilco_core.optimizer import OptimizerSettings, optimize_policy
+    from mcpilco_core.learning.optimizer import OptimizerSettings, optimize_policy
 
     model = _fitted_model()
     model.rollout_mode = mode
@@ -186,7 +187,7 @@ def test_particle_threads_give_the_same_optimisation_as_one_thread(mode, particl
 
 def test_particle_processes_give_the_same_optimisation_as_one_thread():
     """parallel: processes runs all but the first share in spawned workers holding exact copies of the posterior."""
-    from mcpilco_core.optimizer import OptimizerSettings, optimize_policy
+    from mcpilco_core.learning.optimizer import OptimizerSettings, optimize_policy
 
     model = _fitted_model()
     settings = OptimizerSettings(max_steps_first=3, max_steps=3)
@@ -213,7 +214,7 @@ def test_particle_splitting_is_refused_on_cuda(tmp_path):
 
 
 def test_particle_processes_report_worker_failures_and_stop_their_workers():
-    from mcpilco_core.parallel import ParticleProcesses
+    from mcpilco_core.learning.parallel import ParticleProcesses
 
     model = _fitted_model()
     policy = TorchPolicy.random(4, 3.0, torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -272,7 +273,7 @@ def test_roa_term_is_the_supervisors_lqr_cost_to_go(tmp_path):
 
     from mcpilco_core.config import load_robot_config
     from mcpilco_core.control import design_lqr, region_of_attraction
-    from mcpilco_core.cost import roa_cost
+    from mcpilco_core.learning.cost import roa_cost
     from mcpilco_core.plant import DoublePendulum, wrap_state
 
     path = tmp_path / "train.yaml"
@@ -489,7 +490,7 @@ def test_fused_gp_prediction_gradient_equals_reference():
 
 
 def test_compiled_rollout_falls_back_to_eager_when_compilation_fails(monkeypatch, caplog):
-    from mcpilco_core import fused, torch_policy
+    from mcpilco_core.learning import fused, torch_policy
 
     def broken(*args, **kwargs):
         raise RuntimeError("no compiler here")
@@ -500,7 +501,7 @@ def test_compiled_rollout_falls_back_to_eager_when_compilation_fails(monkeypatch
     model = _fitted_model()
     policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
     x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
-    with caplog.at_level("WARNING", logger="mcpilco.fused"):
+    with caplog.at_level("WARNING", logger="mcpilco.compile"):
         compiled = rollout(model, policy, x0, 5, torch.Generator().manual_seed(8), mode="compiled")
     assert "no compiler here" in caplog.text
     torch.testing.assert_close(compiled, rollout(model, policy, x0, 5, torch.Generator().manual_seed(8)))

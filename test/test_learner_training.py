@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcpilco_core import cli
 from mcpilco_core.config import load_robot_config
-from mcpilco_core.learner import Learner, load_train_config
+from mcpilco_core.learning.learner import Learner, load_train_config
+from mcpilco_core.learning.runs import RunDirectory, RunError, train
 from mcpilco_core.policy import import_realaigym, load_policy
-from mcpilco_core.runs import RunDirectory, RunError, train
+from mcpilco_ros import cli
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "config" / "train_tiny.yaml"
@@ -87,10 +87,10 @@ def test_cli_train_and_export(tmp_path):
 def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_persist(monkeypatch):
     import torch
 
-    from mcpilco_core import optimizer as opt_module
-    from mcpilco_core.learner import initial_distribution, trial_generators
-    from mcpilco_core.model import NonFiniteParticlesError
-    from mcpilco_core.torch_policy import TorchPolicy
+    from mcpilco_core.learning import optimizer as opt_module
+    from mcpilco_core.learning.learner import initial_distribution, trial_generators
+    from mcpilco_core.learning.model import NonFiniteParticlesError
+    from mcpilco_core.learning.torch_policy import TorchPolicy
 
     config = load_train_config(TINY, "pendubot")
     learner = Learner(config)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mcpilco_core import cli
 from mcpilco_core.hardware.config import load_driver_config
 from mcpilco_core.hardware.emulator import FdcanusbPtyEmulator, VirtualCanEmulator, robot_bus
 from mcpilco_core.plant import DoublePendulum
+from mcpilco_ros import cli
 
 pytestmark = pytest.mark.timeout(20)
 CONFIG = Path(__file__).resolve().parents[1] / "config"

@@ -23,6 +23,6 @@ def test_demo_over_ros_matches_the_evaluator(tmp_path):
 
 
 def test_cli_and_demo_module_do_not_import_rclpy():
-    code = ("import sys; from mcpilco_core.cli import build_parser; build_parser().parse_args(['demo']); "
+    code = ("import sys; from mcpilco_ros.cli import build_parser; build_parser().parse_args(['demo']); "
             "assert 'rclpy' not in sys.modules, 'rclpy imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

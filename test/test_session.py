@@ -21,8 +21,8 @@ from _ros_helpers import REPO, ros_env, wait_for  # noqa: E402
 
 from mcpilco_core.config import load_robot_config  # noqa: E402
 from mcpilco_core.policy import load_policy  # noqa: E402
-from mcpilco_core.trials import load_trial  # noqa: E402
-from mcpilco_ros.session import Session, SessionOptions  # noqa: E402
+from mcpilco_core.recording import load_trial  # noqa: E402
+from mcpilco_ros.sim_session import SessionOptions, SimSession  # noqa: E402
 
 TINY = REPO / "config" / "train_tiny.yaml"
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(110)
 
 def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path):
     out = tmp_path / "run"
-    session = Session(SessionOptions(robot="pendubot", train_config=TINY, out=out, trials=2, eval_seeds=(100,),
+    session = SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=out, trials=2, eval_seeds=(100,),
                                      eval_duration=5.0, quiet=True))
     result = session.run()
     assert session.nodes.procs == {} and all(p.poll() is not None for p in session.nodes.started)
@@ -79,7 +79,7 @@ def node_processes_of(out: Path) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_the_session_stops_every_node(tmp_path, sig):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "mcpilco_ros.session", "--sim", "--config", str(TINY), "--trials", "2",
+    cmd = [sys.executable, "-m", "mcpilco_ros.sim_session", "--sim", "--config", str(TINY), "--trials", "2",
            "--out", str(out)]
     proc = subprocess.Popen(cmd, env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -102,7 +102,7 @@ def test_interrupting_the_session_stops_every_node(tmp_path, sig):
 
 
 def test_cli_registers_session_without_importing_rclpy():
-    code = ("import sys; from mcpilco_core.cli import build_parser; "
+    code = ("import sys; from mcpilco_ros.cli import build_parser; "
             "build_parser().parse_args(['session', '--sim', '--out', 'x', '--trials', '2']); "
             "assert 'rclpy' not in sys.modules, 'rclpy imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -111,6 +111,6 @@ def test_cli_registers_session_without_importing_rclpy():
 def test_refuses_an_existing_session_and_too_few_trials(tmp_path):
     (tmp_path / "run" / "session").mkdir(parents=True)
     with pytest.raises(ValueError, match="holds a session already"):
-        Session(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=2))
+        SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=2))
     with pytest.raises(ValueError, match="at least 2"):
-        Session(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "new", trials=1))
+        SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "new", trials=1))

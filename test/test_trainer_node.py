@@ -17,7 +17,7 @@ from sensor_msgs.msg import JointState  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 from test_trials_retrain import simulated_session, tiny_config  # noqa: E402,F401
 
-from mcpilco_core import trials  # noqa: E402
+from mcpilco_core import recording  # noqa: E402
 from mcpilco_ros.controller_node import ControllerNode  # noqa: E402
 from mcpilco_ros.trainer_node import RECORD_QOS, TrainerNode  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_start_stop_trial_records_a_bag(tmp_path, pendubot_config):
         answer = r.call(robot.stop, Trigger.Request())
         assert answer.success, answer.message
     bag = tmp_path / "session" / "trial_000"
-    trial = trials.load_trial(bag, pendubot_config)
+    trial = recording.load_trial(bag, pendubot_config)
     assert len(trial) == 29 and np.allclose(trial.u[:, 0], 0.5) and set(trial.mode) == {"policy"}
     info = yaml.safe_load((tmp_path / "session" / "session.yaml").read_text())
     assert info["trials"][0]["status"] == "complete" and info["trials"][0]["messages"]["joint_states"] == 300

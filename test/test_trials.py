@@ -16,8 +16,8 @@ import yaml
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
-from mcpilco_core import trials
-from mcpilco_core.model import transitions_from_trajectory
+from mcpilco_core import recording
+from mcpilco_core.recording.transitions import transitions_from_trajectory
 
 TS = get_typestore(Stores.ROS2_JAZZY)
 JS = TS.types["sensor_msgs/msg/JointState"]
@@ -30,7 +30,7 @@ DT_NS = 2_000_000                # 500 Hz
 def joint_state(ns: int, q=(), dq=(), effort=(), frame: str = "", names=("shoulder", "elbow")) -> bytes:
     msg = JS(header=HEADER(stamp=TIME(sec=ns // 10**9, nanosec=ns % 10**9), frame_id=frame), name=list(names),
              position=np.asarray(q, float), velocity=np.asarray(dq, float), effort=np.asarray(effort, float))
-    return bytes(TS.serialize_cdr(msg, trials.JOINT_STATE_TYPE))
+    return bytes(TS.serialize_cdr(msg, recording.JOINT_STATE_TYPE))
 
 
 def write_stream(recorder, x: np.ndarray, applied: np.ndarray, commands: np.ndarray, modes, start: int = T0):
@@ -38,9 +38,9 @@ def write_stream(recorder, x: np.ndarray, applied: np.ndarray, commands: np.ndar
     answering state k."""
     for k in range(len(x)):
         ns = start + k * DT_NS
-        recorder.write(trials.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], applied[k]), ns)
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], applied[k]), ns)
         if k < len(commands):
-            recorder.write(trials.COMMAND_TOPIC, joint_state(ns, effort=commands[k], frame=modes[k]), ns + 1000)
+            recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=commands[k], frame=modes[k]), ns + 1000)
 
 
 def simple_trial(n: int = 501, torque: float = 0.5):
@@ -54,8 +54,8 @@ def simple_trial(n: int = 501, torque: float = 0.5):
     return x, applied, commands, ["policy"] * (n - 1)
 
 
-def record_session(root: Path, config, trials_count: int = 1, **kwargs) -> trials.Session:
-    session = trials.Session.create(root, config)
+def record_session(root: Path, config, trials_count: int = 1, **kwargs) -> recording.SessionDirectory:
+    session = recording.SessionDirectory.create(root, config)
     for _ in range(trials_count):
         recorder = session.start_trial("v1", **kwargs)
         write_stream(recorder, *simple_trial())
@@ -72,16 +72,16 @@ def test_round_trip_100k_messages(tmp_path, pendubot_config):
     messages = []
     for k in range(n):
         ns = T0 + k * DT_NS
-        messages.append((trials.STATE_TOPIC, joint_state(ns, (1e-3 * k, 0.0), (0.5, 0.0), (0.25, 0.0)), ns))
-        messages.append((trials.COMMAND_TOPIC, joint_state(ns, effort=(0.25, 0.0), frame="policy"), ns))
+        messages.append((recording.STATE_TOPIC, joint_state(ns, (1e-3 * k, 0.0), (0.5, 0.0), (0.25, 0.0)), ns))
+        messages.append((recording.COMMAND_TOPIC, joint_state(ns, effort=(0.25, 0.0), frame="policy"), ns))
     start = time.perf_counter()
-    recorder = trials.TrialRecorder(tmp_path / "bag")
+    recorder = recording.TrialRecorder(tmp_path / "bag")
     for topic, data, ns in messages:
         recorder.write(topic, data, ns)
     recorder.close()
     write_s = time.perf_counter() - start
     start = time.perf_counter()
-    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    trial = recording.load_trial(tmp_path / "bag", pendubot_config)
     read_s = time.perf_counter() - start
     print(f"\n100k messages: write {write_s:.2f} s, read + resample {read_s:.2f} s")
     assert recorder.counts == {"joint_states": n, "joint_commands": n, "diagnostics": 0}
@@ -94,7 +94,7 @@ def test_round_trip_100k_messages(tmp_path, pendubot_config):
 
 @pytest.mark.parametrize("storage,version", [("mcap", 9), ("mcap", 8), ("sqlite3", 9), ("sqlite3", 8)])
 def test_metadata_as_rosbag2_tools_expect(tmp_path, storage, version):
-    recorder = trials.TrialRecorder(tmp_path / "bag", storage=storage, version=version,
+    recorder = recording.TrialRecorder(tmp_path / "bag", storage=storage, version=version,
                                     custom_data={"robot": "pendubot"})
     write_stream(recorder, *simple_trial(11))
     final = recorder.close()
@@ -118,9 +118,9 @@ def test_metadata_as_rosbag2_tools_expect(tmp_path, storage, version):
 
 
 def test_recorder_never_overwrites(tmp_path):
-    trials.TrialRecorder(tmp_path / "bag").close()
-    with pytest.raises(trials.TrialError, match="exists already"):
-        trials.TrialRecorder(tmp_path / "bag")
+    recording.TrialRecorder(tmp_path / "bag").close()
+    with pytest.raises(recording.TrialError, match="exists already"):
+        recording.TrialRecorder(tmp_path / "bag")
 
 
 def test_session_yaml_lists_trials(tmp_path, pendubot_config):
@@ -139,8 +139,8 @@ CRASH_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from test_trials import joint_state, T0, DT_NS
     from mcpilco_core.config import load_robot_config
-    from mcpilco_core import trials
-    session = trials.Session.create(Path(sys.argv[1]), load_robot_config(sys.argv[4]))
+    from mcpilco_core import recording
+    session = recording.SessionDirectory.create(Path(sys.argv[1]), load_robot_config(sys.argv[4]))
     recorder = session.start_trial("v2", storage=sys.argv[2], flush_period=0.02)
     k = 0
     while True:
@@ -173,15 +173,15 @@ def test_crash_mid_trial_is_recoverable(tmp_path, pendubot_config, repo, storage
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    session = trials.Session.open(root)
+    session = recording.SessionDirectory.open(root)
     assert session.partial_bags() == [root / "trial_001.partial"]
-    loaded = trials.load_sessions([root], pendubot_config)
+    loaded = recording.load_sessions([root], pendubot_config)
     assert len(loaded.trials) == 1 and "partial bag" in loaded.problems[0].reason
-    assert trials.recover_session(root) == [root / "trial_001"]
+    assert recording.recover_session(root) == [root / "trial_001"]
     assert (root / "trial_001.crashed").is_dir()  # the original files are kept
-    entry = trials.Session.open(root).info["trials"][1]
+    entry = recording.SessionDirectory.open(root).info["trials"][1]
     assert entry["status"] == "recovered" and entry["messages"]["joint_states"] >= 1000
-    loaded = trials.load_sessions([root], pendubot_config)
+    loaded = recording.load_sessions([root], pendubot_config)
     assert loaded.problems == [] and len(loaded.trials) == 2
     assert len(loaded.trials[1]) >= 1000 * 0.002 / 0.02 - 1
     np.testing.assert_allclose(loaded.trials[1].u[:, 0], 0.5)
@@ -189,7 +189,7 @@ def test_crash_mid_trial_is_recoverable(tmp_path, pendubot_config, repo, storage
 
 def _bag_without_commands(path: Path) -> None:
     with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
-        conn = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
+        conn = writer.add_connection("joint_states", recording.JOINT_STATE_TYPE, typestore=TS)
         for k in range(20):
             writer.write(conn, T0 + k * DT_NS, joint_state(T0 + k * DT_NS, (0, 0), (0, 0), (0, 0)))
 
@@ -205,7 +205,7 @@ def test_corrupt_truncated_and_incomplete_bags_are_skipped(tmp_path, pendubot_co
     _bag_without_commands(root / "trial_004")
     (root / "trial_005").mkdir()
     (root / "trial_005" / "trial_005.mcap").write_bytes(b"")
-    result = trials.load_sessions([root, tmp_path / "missing"], pendubot_config)
+    result = recording.load_sessions([root, tmp_path / "missing"], pendubot_config)
     assert [Path(t.source).name for t in result.trials] == ["trial_000"]
     reasons = {Path(p.path).name: p.reason for p in result.problems}
     assert set(reasons) == {"trial_001", "trial_002", "trial_003", "trial_004", "trial_005", "missing"}
@@ -226,7 +226,7 @@ def test_resampling_averages_the_applied_torque(tmp_path, pendubot_config):
     applied[121:131, 1] = 2.0                # the disturbance PID pushed the passive joint in interval 12
     commands = np.full((n - 1, 2), [9.0, 0.0])  # asked 9 N m: the driver clipped it; the bag keeps the truth
     modes = ["policy"] * 100 + ["lqr"] * (n - 101)
-    recorder = trials.TrialRecorder(tmp_path / "bag")
+    recorder = recording.TrialRecorder(tmp_path / "bag")
     keep = np.ones(n, bool)
     keep[201:209] = False                    # a 18 ms hole in the state stream inside interval 20
     for k in np.flatnonzero(keep):
@@ -235,7 +235,7 @@ def test_resampling_averages_the_applied_torque(tmp_path, pendubot_config):
         if k < n - 1:
             recorder.write("joint_commands", joint_state(ns, effort=commands[k], frame=modes[k]), ns)
     recorder.close()
-    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    trial = recording.load_trial(tmp_path / "bag", pendubot_config)
     assert len(trial) == 30 and trial.period == 0.02
     np.testing.assert_allclose(trial.t, np.arange(31) * 0.02, atol=1e-12)
     np.testing.assert_allclose(trial.x[:, 0], 2.0 * trial.t, atol=1e-12)
@@ -251,16 +251,16 @@ def test_resampling_averages_the_applied_torque(tmp_path, pendubot_config):
 def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot_config):
     """A simulated trajectory written as a 500 Hz bag reads back as the learner's own transitions."""
     from mcpilco_core.control import build_controller
-    from mcpilco_core.learner import ExplorationController, run_on_robot
+    from mcpilco_core.learning.learner import ExplorationController, run_on_robot
 
     explore = ExplorationController(pendubot_config, 3.0, np.random.default_rng(1))
     traj = run_on_robot(pendubot_config, explore, np.zeros(4), 1.0)
     del build_controller
     applied = np.vstack([np.zeros((1, 2)), traj.u])
-    recorder = trials.TrialRecorder(tmp_path / "bag")
+    recorder = recording.TrialRecorder(tmp_path / "bag")
     write_stream(recorder, traj.x, applied, traj.u_cmd, ["policy"] * len(traj.u))
     recorder.close()
-    trial = trials.load_trial(tmp_path / "bag", pendubot_config)
+    trial = recording.load_trial(tmp_path / "bag", pendubot_config)
     expected = transitions_from_trajectory(traj.t, traj.x, traj.u, 0.02, 0)
     got = trial.transitions(0)
     np.testing.assert_allclose(got.x, expected.x, atol=1e-12)
@@ -271,20 +271,20 @@ def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot
 def test_mismatched_robot_is_refused(tmp_path, pendubot_config, acrobot_config):
     record_session(tmp_path / "acro", acrobot_config)
     record_session(tmp_path / "pendu", pendubot_config)
-    result = trials.load_sessions([tmp_path / "acro", tmp_path / "pendu"], pendubot_config)
+    result = recording.load_sessions([tmp_path / "acro", tmp_path / "pendu"], pendubot_config)
     assert len(result.trials) == 1
     assert "acrobot" in result.problems[0].reason and result.problems[0].path == str(tmp_path / "acro")
     # a bag without any robot label (ros2 bag record) whose torque is all on the elbow
     with Writer(tmp_path / "plain", version=8, storage_plugin=StoragePlugin.SQLITE3) as writer:
-        states = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
-        commands = writer.add_connection("joint_commands", trials.JOINT_STATE_TYPE, typestore=TS)
+        states = writer.add_connection("joint_states", recording.JOINT_STATE_TYPE, typestore=TS)
+        commands = writer.add_connection("joint_commands", recording.JOINT_STATE_TYPE, typestore=TS)
         for k in range(200):
             ns = T0 + k * DT_NS
             writer.write(states, ns, joint_state(ns, (0, 0), (0, 0), (0.0, 1.5)))
             writer.write(commands, ns, joint_state(ns, effort=(0.0, 1.5), frame="policy"))
-    with pytest.raises(trials.TrialError, match="elbow.*other robot"):
-        trials.load_trial(tmp_path / "plain", pendubot_config)
-    assert len(trials.load_trial(tmp_path / "plain", acrobot_config)) == 19
+    with pytest.raises(recording.TrialError, match="elbow.*other robot"):
+        recording.load_trial(tmp_path / "plain", pendubot_config)
+    assert len(recording.load_trial(tmp_path / "plain", acrobot_config)) == 19
 
 
 def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
@@ -292,10 +292,10 @@ def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
     diagnostics present, commands without a mode) loads too."""
     folder = tmp_path / "bags"
     folder.mkdir()
-    diag_type = trials.DIAGNOSTICS_TYPE
+    diag_type = recording.DIAGNOSTICS_TYPE
     with Writer(folder / "rosbag2_2025_01_01-00_00_00", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
-        states = writer.add_connection("joint_states", trials.JOINT_STATE_TYPE, typestore=TS)
-        commands = writer.add_connection("joint_commands", trials.JOINT_STATE_TYPE, typestore=TS)
+        states = writer.add_connection("joint_states", recording.JOINT_STATE_TYPE, typestore=TS)
+        commands = writer.add_connection("joint_commands", recording.JOINT_STATE_TYPE, typestore=TS)
         diag = writer.add_connection("diagnostics", diag_type, typestore=TS)
         empty = TS.types[diag_type](header=HEADER(stamp=TIME(sec=0, nanosec=0), frame_id=""), status=[])
         writer.write(diag, T0, bytes(TS.serialize_cdr(empty, diag_type)))
@@ -303,12 +303,12 @@ def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
             ns = T0 + k * DT_NS
             writer.write(states, ns, joint_state(ns, (0.0, 0.1), (0.0, 0.2), (0.0, 0.7), names=("elbow", "shoulder")))
             writer.write(commands, ns, joint_state(ns, effort=(0.7, 0.0)))
-    result = trials.load_sessions([folder], pendubot_config)
+    result = recording.load_sessions([folder], pendubot_config)
     assert result.problems == [] and len(result.trials) == 1
     trial = result.trials[0]
     np.testing.assert_allclose(trial.x[0], [0.1, 0.0, 0.2, 0.0])
     np.testing.assert_allclose(trial.u[:, 0], 0.7)
-    assert set(trial.mode) == {trials.UNKNOWN_MODE}
+    assert set(trial.mode) == {recording.UNKNOWN_MODE}
 
 
 def test_fast_joint_state_parser_matches_rosbags():
@@ -318,8 +318,8 @@ def test_fast_joint_state_parser_matches_rosbags():
         arrays = [rng.standard_normal(int(rng.integers(0, 4))) for _ in range(3)]
         frame = "f" * int(rng.integers(0, 9))
         data = joint_state(int(rng.integers(0, 2 * 10**18)), arrays[0], arrays[1], arrays[2], frame, names)
-        parsed = trials.parse_joint_state(data)
-        reference = TS.deserialize_cdr(data, trials.JOINT_STATE_TYPE)
+        parsed = recording.parse_joint_state(data)
+        reference = TS.deserialize_cdr(data, recording.JOINT_STATE_TYPE)
         assert parsed.name == list(reference.name) and parsed.frame_id == reference.header.frame_id
         for mine, theirs in zip((parsed.position, parsed.velocity, parsed.effort),
                                 (reference.position, reference.velocity, reference.effort)):

@@ -10,15 +10,15 @@ import pytest
 import yaml
 from test_trials import write_stream
 
-from mcpilco_core import trials
-from mcpilco_core.learner import ExplorationController, run_on_robot
+from mcpilco_core import recording
+from mcpilco_core.learning.learner import ExplorationController, run_on_robot
+from mcpilco_core.learning.retrain import main as retrain_main
 from mcpilco_core.policy import load_policy
-from mcpilco_core.session_cli import main as retrain_main
 
 
-def simulated_session(root: Path, config, seeds=(1, 2)) -> trials.Session:
+def simulated_session(root: Path, config, seeds=(1, 2)) -> recording.SessionDirectory:
     """A session whose bags hold simulated exploration trials (the sim driver's stream: effort = applied)."""
-    session = trials.Session.create(root, config)
+    session = recording.SessionDirectory.create(root, config)
     for seed in seeds:
         traj = run_on_robot(config, ExplorationController(config, 3.0, np.random.default_rng(seed)), np.zeros(4), 1.0)
         recorder = session.start_trial("none")

@@ -1,14 +1,12 @@
 """Controllers: LQR, its region of attraction, damping and the supervisor that composes them.
 
-``load_controller`` is the one public entry point used by the evaluator, the ROS nodes and the CLI.
+:func:`build_controller` (a validated config + an optional policy -> a ready supervisor) is what the evaluator,
+the ROS controller node and the learner use; :func:`load_controller` does the same from file paths.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
 
 from ..config import RobotConfig, load_robot_config
 from ..plant import DoublePendulum
@@ -17,18 +15,8 @@ from .lqr import LqrDesign, design_lqr
 from .roa import RoaEstimate, region_of_attraction
 from .supervisor import MODES, Supervisor
 
-__all__ = ["Controller", "LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "design_lqr",
+__all__ = ["LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "design_lqr",
            "load_controller", "region_of_attraction"]
-
-
-class Controller(Protocol):
-    """What every controller offers: torques (N m, passive joint exactly 0) for a state at a time (s)."""
-
-    mode: str
-
-    def reset(self) -> None: ...
-
-    def step(self, x: np.ndarray, t: float) -> np.ndarray: ...
 
 
 def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None,

@@ -1,11 +1,11 @@
 """The fused particle rollout: the whole rollout is one autograd node with a hand-written backward.
 
-:meth:`DynamicsModel.step <mcpilco_core.model.DynamicsModel.step>` (the reference) builds each transition from
+:meth:`DynamicsModel.step <mcpilco_core.learning.model.DynamicsModel.step>` (the reference) builds each transition from
 ~100 small autograd ops (policy, prior mean, GP, sampling, integration, features), each a few microseconds of
 dispatch forward and backward. Here the same equations run as plain tensor code without a graph
 (:func:`policy_step_forward`), and their gradient is written out (:func:`policy_step_backward`,
-:func:`prior_backward`, :func:`~mcpilco_core.gp.moments_backward`,
-:func:`~mcpilco_core.torch_policy.sum_of_gaussians_backward`); :class:`PolicyRollout` runs all steps in one
+:func:`prior_backward`, :func:`~mcpilco_core.learning.gp.moments_backward`,
+:func:`~mcpilco_core.learning.torch_policy.sum_of_gaussians_backward`); :class:`PolicyRollout` runs all steps in one
 node. The results equal the autograd reference up to rounding (tested in float64, gradients included).
 
 ``compiled=True`` additionally runs these functions through ``torch.compile`` (inductor: fused C++ loops for the
@@ -14,17 +14,13 @@ elementwise work); if compilation fails the eager functions are used (one warnin
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from .compile import MaybeCompiled
 from .gp import FastGP, moments_backward, moments_forward
 from .torch_policy import sum_of_gaussians_backward, sum_of_gaussians_forward
-
-LOG = logging.getLogger("mcpilco.fused")
-COMPILE_OPTIONS: dict = {}
 
 
 class PriorConstants(NamedTuple):
@@ -223,32 +219,10 @@ def step_backward(saved: tuple, grad_x: torch.Tensor, grad_phi: torch.Tensor, fa
     return grad_x_in, grad_gp[:-1] + grad_phi_prior, grad_gp[-1] + grad_u_prior
 
 
-class MaybeCompiled:
-    """``fn``, through ``torch.compile`` when ``compiled``; on any compilation or run failure of the compiled
-    version it warns once and uses ``fn`` from then on (the functions are pure, so rerunning is safe)."""
-
-    def __init__(self, fn: Callable, compiled: bool) -> None:
-        self.fn = fn
-        self.compiled = None
-        self.active = compiled
-
-    def __call__(self, *args):
-        if self.active:
-            try:
-                if self.compiled is None:
-                    self.compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
-                return self.compiled(*args)
-            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
-                self.active = False
-                LOG.warning("torch.compile of %s failed (%s: %s); using the eager version", self.fn.__name__,
-                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        return self.fn(*args)
-
-
 def policy_step_forward(x: torch.Tensor, phi: torch.Tensor, policy: tuple, noise: torch.Tensor | None,
                         fast: FastGP, k: PriorConstants) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """:func:`step_forward` with the torque from the sum-of-Gaussians policy (parameters ``policy`` =
-    (inv, augmented, weights, u_max), see :meth:`~mcpilco_core.torch_policy.TorchPolicy.rollout_parts`)."""
+    (inv, augmented, weights, u_max), see :meth:`~mcpilco_core.learning.torch_policy.TorchPolicy.rollout_parts`)."""
     u, policy_saved = sum_of_gaussians_forward(phi, *policy)
     x_next, phi_next, saved = step_forward(x, phi, u, noise, fast, k)
     return x_next, phi_next, (policy_saved, saved)
@@ -347,7 +321,7 @@ def fused_rollout(fast: FastGP, k: PriorConstants, policy, x0: torch.Tensor, ste
 
     Internally particle-major: each state component is one contiguous row of P particles, so the small
     per-particle ops run on contiguous vectors; the result is a transposed view of the stacked rows. With a
-    policy that has ``rollout_parts()`` (:class:`~mcpilco_core.torch_policy.TorchPolicy`) the whole rollout is
+    policy that has ``rollout_parts()`` (:class:`~mcpilco_core.learning.torch_policy.TorchPolicy`) the whole rollout is
     one autograd node (:class:`PolicyRollout`); any other policy is called through ``forward_features`` with
     its own autograd graph, and each transition is one node (:class:`ParticleStep`).
     """

@@ -26,7 +26,7 @@ Output directory::
     runs/NAME/policy.npz        the final policy;   session.json, learning_curve.png
 
 Every node process is stopped (SIGINT, then SIGKILL) on every exit path, Ctrl-C and SIGTERM included. rclpy is
-imported only when a session runs, so ``mcpilco_core.cli`` may register this module freely.
+imported only when a session runs, so ``mcpilco_ros.cli`` may register this module freely.
 """
 
 from __future__ import annotations
@@ -273,11 +273,11 @@ class RosClient:
 # The session
 
 
-class Session:
+class SimSession:
     """One run of :func:`run_session` (see the module docstring); call :meth:`run` once."""
 
     def __init__(self, options: SessionOptions) -> None:
-        from mcpilco_core.learner import load_train_config
+        from mcpilco_core.learning.learner import load_train_config
 
         self.o = options
         self.cfg = load_train_config(options.train_config, options.robot)   # errors name file and field
@@ -337,16 +337,15 @@ class Session:
     # ------------------------------------------------------------------ one trial
     def initial_state(self, k: int) -> np.ndarray:
         """The learner's initial state of trial k (curriculum box; the post-disturbance pool is not used)."""
-        from mcpilco_core.learner import initial_distribution, trial_generators
+        from mcpilco_core.learning.learner import initial_distribution, trial_generators
 
         rng, _ = trial_generators(self.cfg.seed, k)
         return initial_distribution(self.cfg, k, np.zeros((0, 4))).sample_numpy(1, rng)[0]
 
     def run_trial(self, k: int, policy: Path | None, version: str) -> TrialRow:
         """Start the simulated robot, record it while the armed controller acts, stop; the trial's row."""
-        from mcpilco_core.session_cli import trial_cost
-        from mcpilco_core.trials import Session as SessionDir
-        from mcpilco_core.trials import load_trial
+        from mcpilco_core.learning.retrain import trial_cost
+        from mcpilco_core.recording import SessionDirectory, load_trial
 
         ros, started = self.ros, time.perf_counter()
         duration = self.cfg.exploration_duration if k == 0 else self.cfg.trial_duration
@@ -373,7 +372,7 @@ class Session:
         trial = load_trial(self.out / "session" / f"trial_{k:03d}", self.cfg.robot)
         lost = int(np.load(record)["lockstep_timeouts"])
         total, mean = trial_cost(trial, self.cfg.cost)
-        entry = SessionDir.open(self.out / "session").info["trials"][k]
+        entry = SessionDirectory.open(self.out / "session").info["trials"][k]
         row = TrialRow(k, "explore" if k == 0 else "policy", str(policy or ""), version, x0.tolist(), duration,
                        dict(entry["messages"]), int(trial.valid.sum()), mean, total,
                        timings_s={"trial": time.perf_counter() - started})
@@ -466,7 +465,7 @@ class Session:
 
     # ------------------------------------------------------------------ report
     def report(self) -> dict:
-        from mcpilco_core.session_cli import plot_session_curve
+        from mcpilco_core.learning.retrain import plot_session_curve
 
         rows = [vars(r) for r in self.rows]
         final = self.rows[-1]
@@ -489,7 +488,7 @@ class Session:
 
 def run_session(options: SessionOptions) -> dict:
     """Run a whole simulated session (module docstring); returns session.json's content."""
-    return Session(options).run()
+    return SimSession(options).run()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -515,7 +514,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mcpilco_core.session_cli import default_train_config
+    from mcpilco_core.learning.retrain import default_train_config
 
     options = SessionOptions(robot=args.robot, train_config=args.config or default_train_config(args.robot),
                              out=args.out, trials=args.trials, eval_seeds=tuple(args.eval_seeds),
@@ -535,7 +534,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    """``mcpilco session``: for mcpilco_core.cli's COMMAND_MODULES (imports nothing of ROS here)."""
+    """``mcpilco session``: for mcpilco_ros.cli's COMMAND_MODULES (imports nothing of ROS here)."""
     p = subparsers.add_parser("session", help="the hardware loop (explore, record, retrain, reload) against the "
                                               "simulated robot over ROS", description=__doc__.split("\n\n")[0])
     add_arguments(p)
@@ -543,7 +542,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mcpilco_ros.session", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mcpilco_ros.sim_session", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return _run(parser.parse_args(argv))
 

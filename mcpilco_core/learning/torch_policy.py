@@ -13,8 +13,9 @@ import math
 
 import torch
 
+from ..policy import SumOfGaussiansPolicy
+from .compile import MaybeCompiled
 from .gp import exp_floor
-from .policy import SumOfGaussiansPolicy
 
 
 class TorchPolicy(torch.nn.Module):
@@ -143,8 +144,6 @@ _KERNELS: dict[bool, tuple] = {}
 def policy_kernels(compiled: bool) -> tuple:
     """(forward, backward) of :class:`_SumOfGaussians`, compiled or not (shared per process)."""
     if compiled not in _KERNELS:
-        from .fused import MaybeCompiled
-
         _KERNELS[compiled] = (MaybeCompiled(sum_of_gaussians_forward, compiled),
                               MaybeCompiled(sum_of_gaussians_backward, compiled))
     return _KERNELS[compiled]

@@ -1,7 +1,7 @@
 """Gaussian-process regression for the dynamics model: one GP per joint, batched over joints.
 
 Each joint's GP predicts the *residual* of the velocity change over one policy period (rad/s), i.e. the
-part of Delta dq that the physics prior mean does not explain (see :mod:`mcpilco_core.model`).
+part of Delta dq that the physics prior mean does not explain (see :mod:`mcpilco_core.learning.model`).
 
 * Kernel: squared exponential with one lengthscale per input (SE-ARD),
   ``k(a, b) = sf2 exp(-0.5 sum_j ((a_j - b_j) / l_j)^2)``.

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ROBOTS, ConfigError
-from .policy import PolicyError
+from ..config import ROBOTS, ConfigError
+from ..policy import PolicyError
 
 LOG = logging.getLogger("mcpilco.retrain")
 MIN_TRANSITIONS = 10
@@ -112,7 +112,7 @@ class RetrainDirectory:
 
     def export(self, policy, index: int, **metadata) -> Path:
         """Write ``policies/policy_NNN_<version>.npz`` without ever replacing an existing file."""
-        from .policy import save_policy
+        from ..policy import save_policy
 
         staging = self.policies / f".policy_{index:03d}.staging"
         save_policy(policy, staging, **metadata)
@@ -143,10 +143,10 @@ def optimize_policy_from_data(learner, trial_index: int):
 def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = False,
             policy: Path | None = None, recover: bool = False) -> RetrainResult:
     """Load every trial of ``sessions``, fit + optimise, export a new versioned policy into ``out``."""
+    from ..policy import load_policy
+    from ..recording import load_sessions, recover_session
     from .learner import Learner
-    from .policy import load_policy
     from .torch_policy import TorchPolicy
-    from .trials import load_sessions, recover_session
 
     run = RetrainDirectory(out)
     run.prepare(config)
@@ -231,7 +231,7 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
     for ax in (ax_cost, ax_score):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    from .plotting import save_figure
+    from ..plotting import save_figure
 
     return save_figure(fig, path, title)
 
@@ -241,7 +241,7 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
 
 
 def default_train_config(robot: str) -> Path:
-    from .paths import config_dir
+    from ..paths import config_dir
 
     return config_dir() / f"train_{robot}.yaml"
 
@@ -283,13 +283,13 @@ def _run_retrain(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    """``mcpilco retrain`` (for mcpilco_core.cli's COMMAND_MODULES)."""
+    """``mcpilco retrain`` (for mcpilco_ros.cli's COMMAND_MODULES)."""
     _add_retrain(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mcpilco_core.session_cli retrain ...`` (what the trainer node's subprocess runs)."""
-    parser = argparse.ArgumentParser(prog="python -m mcpilco_core.session_cli")
+    """``python -m mcpilco_core.learning.retrain retrain ...`` (what the trainer node's subprocess runs)."""
+    parser = argparse.ArgumentParser(prog="python -m mcpilco_core.learning.retrain")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:

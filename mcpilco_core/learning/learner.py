@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
-from .control.exploration import ExplorationController, trial_rng
+from ..config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
+from ..control.exploration import ExplorationController, trial_rng
+from ..recording.transitions import TransitionData, transitions_from_trajectory
 from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
-from .model import ROLLOUT_MODES, DynamicsModel, TransitionData, transitions_from_trajectory
+from .model import ROLLOUT_MODES, DynamicsModel
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
 from .parallel import PARALLEL_MODES
 from .torch_policy import TorchPolicy
@@ -214,7 +215,7 @@ def _cost_settings(r: _Reader, robot: RobotConfig) -> CostSettings:
     scale = r.number("roa_scale", 1.0, positive=True)
     metric, rho = None, 1.0
     if weight > 0:   # the supervisor's own LQR design and ROA level (cached estimate beside the robot config)
-        from .control import build_controller
+        from ..control import build_controller
 
         supervisor = build_controller(robot)
         rho = supervisor.rho * robot.roa.enter_fraction * scale
@@ -325,8 +326,8 @@ def initial_distribution(config: TrainConfig, trial: int, pool: np.ndarray) -> I
 
 def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: float):
     """One trial on the simulated robot (RK4 at the control period); returns the simulator Trajectory."""
-    from .plant import DoublePendulum
-    from .simulation import Simulator
+    from ..plant import DoublePendulum
+    from ..simulation import Simulator
 
     sim = Simulator(DoublePendulum(config.plant), config.torque_limits, config.control_period)
     return sim.run(controller, np.asarray(x0, dtype=np.float64), duration)
@@ -335,7 +336,7 @@ def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: floa
 def post_disturbance_states(controller, config: RobotConfig,
                             seeds: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray]:
     """States right after each PID disturbance of the evaluation protocol (M, 4), and each seed's score."""
-    from .evaluation import evaluate_seed
+    from ..evaluation import evaluate_seed
 
     states, scores = [], []
     for seed in seeds:
@@ -416,7 +417,7 @@ class Learner:
         s = self.config.initial_state
         if s.disturbance_fraction <= 0 or not s.disturbance_seeds:
             return np.zeros((0, 4))
-        from .control import build_controller
+        from ..control import build_controller
 
         states, _ = post_disturbance_states(build_controller(self.config.robot), self.config.robot,
                                             s.disturbance_seeds)
@@ -467,7 +468,7 @@ class Learner:
         return record
 
     def _run_and_evaluate(self, record: TrialRecord, timings: dict) -> None:
-        from .control import build_controller
+        from ..control import build_controller
 
         cfg = self.config
         start = time.perf_counter()

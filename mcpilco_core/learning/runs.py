@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import __version__
-from .config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
+from .. import __version__
+from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
+from ..policy import load_policy, save_policy
+from ..simulation import Trajectory
 from .learner import Learner, TrainConfig, TrialRecord, load_train_config
 from .optimizer import OptimizationResult
-from .policy import load_policy, save_policy
-from .simulation import Trajectory
 
 LOG = logging.getLogger("mcpilco.runs")
 
@@ -174,7 +174,7 @@ class RunDirectory:
         if scored:
             ax_score.plot(*zip(*scored), "o-")
         ax_score.set(xlabel="trial", ylabel="evaluation score (60 s protocol)", ylim=(0, 1), title="score per trial")
-        from .plotting import save_figure
+        from ..plotting import save_figure
 
         return save_figure(fig, self.root / "learning_curves.png")
 

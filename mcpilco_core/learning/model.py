@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .config import RobotConfig
+from ..config import RobotConfig
+from ..plant import DoublePendulum
+from ..recording.transitions import TransitionData
 from .fused import PriorConstants, fused_rollout
 from .gp import (
     GPHyperparameters,
@@ -28,50 +30,10 @@ from .gp import (
     fit_hyperparameters,
     select_subset,
 )
-from .plant import DoublePendulum
 
 
 class NonFiniteParticlesError(FloatingPointError):
     """A rollout produced NaN/inf states; the message says at which step and how many particles."""
-
-
-@dataclass
-class TransitionData:
-    """Transitions at the policy period: states x (N, 4), actuated torques u (N,), next states (N, 4)."""
-
-    x: np.ndarray
-    u: np.ndarray
-    x_next: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    @classmethod
-    def empty(cls) -> TransitionData:
-        return cls(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 4)))
-
-    def concat(self, other: TransitionData) -> TransitionData:
-        return TransitionData(np.concatenate([self.x, other.x]), np.concatenate([self.u, other.u]),
-                              np.concatenate([self.x_next, other.x_next]))
-
-
-def transitions_from_trajectory(t: np.ndarray, x: np.ndarray, u: np.ndarray, period: float,
-                                actuated_joint: int) -> TransitionData:
-    """Resample a simulator trajectory (dt steps) into transitions of length ``period`` (s).
-
-    The torque of a transition is the mean applied actuated torque over its interval (LQR and damping run
-    at the fast rate, so it is not always constant inside one period).
-    """
-    dt = float(t[1] - t[0])
-    stride = round(period / dt)
-    if stride < 1 or abs(stride * dt - period) > 1e-9:
-        raise ValueError(f"policy period {period} s is not a multiple of the trajectory step {dt} s")
-    count = (len(u)) // stride
-    if count == 0:
-        return TransitionData.empty()
-    idx = np.arange(count) * stride
-    u_act = u[: count * stride, actuated_joint].reshape(count, stride).mean(axis=1)
-    return TransitionData(x[idx].copy(), u_act, x[idx + stride].copy())
 
 
 @dataclass
@@ -225,7 +187,7 @@ class DynamicsModel:
 
         Samples with the standard normals ``noise`` (P, 2), reparameterised: Delta = mean + std * noise
         (noise None gives the mean). Returns the next states (P, 4). Plain autograd ops: the reference for the
-        fused rollout (:mod:`mcpilco_core.fused`), which computes the same.
+        fused rollout (:mod:`mcpilco_core.learning.fused`), which computes the same.
         """
         if self.posterior is None:
             raise RuntimeError("the model has not been fitted")
@@ -254,11 +216,12 @@ def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generato
     """Propagate particles x0 (P, 4) for ``steps`` policy periods; returns states (steps + 1, P, 4).
 
     ``policy.forward_features(phi)`` gives the actuated torque (P,); a policy with ``rollout_parts()``
-    (:class:`~mcpilco_core.torch_policy.TorchPolicy`) supplies a faster equivalent once per rollout. Noise comes
+    (:class:`~mcpilco_core.learning.torch_policy.TorchPolicy`) supplies a faster equivalent once per rollout. Noise
+    comes
     from ``generator`` (reparameterised, so the result is differentiable in the policy parameters and in x0), or is
     given as ``noise`` (steps, P, 2) (e.g. :func:`particle_noise` drawn once and split between threads).
     ``mode`` (default ``model.rollout_mode``): "fused" runs the rollout as one autograd node with a hand-written
-    backward (:mod:`mcpilco_core.fused`; one node per transition for a policy without ``rollout_parts()``),
+    backward (:mod:`mcpilco_core.learning.fused`; one node per transition for a policy without ``rollout_parts()``),
     "compiled" the same through ``torch.compile`` (eager fallback), "reference" the plain-autograd
     :meth:`DynamicsModel.step`; all equal up to rounding.
     Raises NonFiniteParticlesError if any state is NaN/inf, naming the first bad step.

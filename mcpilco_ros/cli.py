@@ -1,13 +1,13 @@
-"""The ``mcpilco`` command line (no ROS needed): evaluate, roa, and the subcommands other modules add.
+"""The ``mcpilco`` command line: evaluate, roa, and the subcommands of the other layers.
 
-Each feature module exposes ``register(subparsers)`` that adds its subcommand and sets ``func``;
-modules listed in COMMAND_MODULES are registered when they can be imported.
+It sits on top of everything (with the ROS nodes): each feature module exposes ``register(subparsers)`` that
+adds its subcommand and sets ``func``. Nothing here imports rclpy; ``demo`` and ``session`` start ROS nodes as
+subprocesses or import rclpy only when they run, so ``mcpilco evaluate`` works without ROS.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -15,21 +15,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import ROBOTS, ConfigError
-from .policy import PolicyError
+from mcpilco_core.config import ROBOTS, ConfigError
+from mcpilco_core.hardware import hw_check
+from mcpilco_core.learning import cli as learning_cli
+from mcpilco_core.learning import retrain
+from mcpilco_core.policy import PolicyError
+
+from . import demo, sim_session
 
 # OpenMP threads that spin while waiting make torch 20-40x slower on a busy 2-core machine (measured); this must
 # be set before torch is first imported, which the subcommands do lazily.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-COMMAND_MODULES: list[str] = [
-    "mcpilco_core.cli",
-    "mcpilco_core.learner_cli",
-    "mcpilco_core.session_cli",
-    "mcpilco_core.hardware.hw_check",
-    "mcpilco_ros.demo",  # ROS nodes run as subprocesses: no rclpy import here
-    "mcpilco_ros.session",  # rclpy imported only when a session runs
-]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -52,7 +49,7 @@ def _add_evaluate(subparsers) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from .evaluation import ControllerSpec, config_path_for, evaluate_seeds, summarize
+    from mcpilco_core.evaluation import ControllerSpec, config_path_for, evaluate_seeds, summarize
 
     spec = ControllerSpec(config_path_for(args.robot, args.config), args.controller)
     config, _ = spec.build()
@@ -74,8 +71,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     if args.plot:
-        from .plant import DoublePendulum
-        from .plotting import plot_evaluation
+        from mcpilco_core.plant import DoublePendulum
+        from mcpilco_core.plotting import plot_evaluation
 
         first = results[0]
         plot_evaluation(first.trajectory, DoublePendulum(config.plant), args.plot, windows=first.windows,
@@ -97,11 +94,11 @@ def _add_roa(subparsers) -> None:
 
 
 def _run_roa(args: argparse.Namespace) -> int:
-    from .config import load_robot_config
-    from .control import design_lqr, region_of_attraction
-    from .control.roa import cache_paths
-    from .evaluation import config_path_for
-    from .plant import DoublePendulum
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control import design_lqr, region_of_attraction
+    from mcpilco_core.control.roa import cache_paths
+    from mcpilco_core.evaluation import config_path_for
+    from mcpilco_core.plant import DoublePendulum
 
     config = load_robot_config(config_path_for(args.robot, args.config))
     plant = DoublePendulum(config.plant)
@@ -127,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcpilco", description="MC-PILCO global control of the RealAIGym "
                                                                  "double pendulum (pendubot / acrobot).")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        module = sys.modules[__name__] if name == __name__ else importlib.import_module(name)
+    register(subparsers)
+    for module in (learning_cli, retrain, hw_check, demo, sim_session):
         module.register(subparsers)
     return parser
 

@@ -1,4 +1,4 @@
-"""``mcpilco train`` and ``mcpilco export``: the learner's subcommands (registered by mcpilco_core.cli)."""
+"""``mcpilco train`` and ``mcpilco export``: the learner's subcommands (registered by mcpilco_ros.cli)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import ROBOTS
+from ..config import ROBOTS
 
 
 def register(subparsers) -> None:
@@ -49,7 +49,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from .policy import export_realaigym, load_policy
+    from ..policy import export_realaigym, load_policy
 
     policy = load_policy(args.policy)
     if abs(policy.u_max - 3.0) > 1e-12:
