@@ -399,10 +399,31 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     assert load_train_config(bad).policy_u_max == 6.0
     with pytest.raises(ConfigError, match="robot_config"):
         load_train_config(CONFIG / "train_pendubot.yaml", "acrobot")
-    shipped = sorted(CONFIG.glob("train_*.yaml"))
-    assert len(shipped) >= 8
+    shipped = sorted(CONFIG.glob("train_*.yaml")) + sorted(CONFIG.glob("experiments/*.yaml"))
+    assert len(shipped) >= 12
     for path in shipped:                                  # every shipped training config loads
         assert load_train_config(path).policy_u_max in (3.0, 6.0)
+
+
+def test_experiment_files_override_their_base(tmp_path):
+    """`base:` merges mappings key by key, replaces anything else, keeps robot_config relative to its own file."""
+    base = load_train_config(CONFIG / "train_acrobot_u6.yaml")
+    experiment = load_train_config(CONFIG / "experiments" / "acrobot_u6_roa100.yaml")   # base of a base
+    assert experiment.robot.robot == "acrobot" and experiment.cost.roa_weight == 1.0
+    assert experiment.trials == 12 and base.trials == 10
+    assert experiment.cost.velocity_lengthscales == base.cost.velocity_lengthscales          # merged, not replaced
+    assert experiment.gp == base.gp and experiment.optimizer == base.optimizer
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match=r"field 'base'.*includes itself"):
+        load_train_config(loop)
+    (tmp_path / "typo.yaml").write_text(f"base: {CONFIG / 'train_tiny.yaml'}\ntrails: 3\n")
+    with pytest.raises(ConfigError, match="trails"):
+        load_train_config(tmp_path / "typo.yaml")
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml"):
+        load_train_config(missing)
 
 
 def test_auto_threads_follow_omp_num_threads(monkeypatch):
@@ -534,3 +555,22 @@ def test_compiled_rollout_equals_fused():
     torch.testing.assert_close(out["compiled"][0], out["fused"][0], rtol=1e-10, atol=1e-12)
     for a, b in zip(out["compiled"][1], out["fused"][1]):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_a_run_of_an_experiment_file_describes_itself(tmp_path):
+    """The run directory keeps the resolved settings: it reloads without the base file."""
+    from mcpilco_core.learning.runs import RunDirectory, RunError
+
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(f"base: {CONFIG / 'train_tiny.yaml'}\ntrials: 3\n")
+    config = load_train_config(experiment)
+    run = RunDirectory(tmp_path / "run")
+    run.create(config, resume=False)
+    copy = (tmp_path / "run" / "train_config.yaml").read_text()
+    assert "base:" not in copy and "trials: 3" in copy
+    reloaded = run.load_config()
+    assert reloaded.trials == 3 and reloaded.particles == config.particles and reloaded.gp == config.gp
+    run.create(config, resume=True)                                   # same settings: resumable
+    experiment.write_text(f"base: {CONFIG / 'train_tiny.yaml'}\ntrials: 4\n")
+    with pytest.raises(RunError, match="another configuration"):
+        run.create(load_train_config(experiment), resume=True)

@@ -127,6 +127,38 @@ def auto_threads() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else min(2, os.cpu_count() or 1)
 
 
+def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A training YAML file as a mapping, with its ``base`` resolved.
+
+    ``base: ../train_acrobot_u6.yaml`` (relative to the file) makes the file a small set of overrides on a whole
+    recipe: mappings merge key by key, anything else (lists, numbers) replaces the base's value. ``robot_config``
+    stays relative to the file that names it. Experiments live that way in ``config/experiments/``.
+    """
+    path = Path(path)
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<root>", "expected a mapping at the top level")
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(path, "base", f"expected a file name, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in _chain or base_path == path.resolve():
+        raise ConfigError(path, "base", f"{base} includes itself")
+    merged = read_train_mapping(base_path, _chain + (path.resolve(),))
+    if "robot_config" in merged and "robot_config" not in data:
+        merged["robot_config"] = os.path.relpath(base_path.parent / merged["robot_config"], path.parent)
+    return _merge(merged, data)
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load_train_config(path: str | Path, robot: str | None = None,
                       robot_config: str | Path | None = None) -> TrainConfig:
     """Read and validate a training YAML file; errors name the file and the field.
@@ -136,7 +168,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     ``--robot``) must match it.
     """
     path = Path(path)
-    r = _Reader(read_yaml(path) or {}, path)
+    r = _Reader(read_train_mapping(path), path)
     r.reject_unknown(_TOP_KEYS)
     robot_path = path.parent / r.string("robot_config", f"{robot or 'pendubot'}.yaml")
     if robot_config is not None:

@@ -27,13 +27,14 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import yaml
 from tqdm import tqdm
 
 from .. import __version__
 from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
 from ..policy import load_policy, save_policy
 from ..simulation import Trajectory
-from .learner import Learner, TrainConfig, TrialRecord, load_train_config
+from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_train_mapping
 from .optimizer import OptimizationResult
 
 LOG = logging.getLogger("mcpilco.runs")
@@ -44,7 +45,11 @@ class RunError(RuntimeError):
 
 
 def config_hash(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    """The training file's hash: its bytes, or with a ``base`` the resolved settings (an edit of the base counts)."""
+    if "base" not in (read_yaml(path) or {}):
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    resolved = json.dumps(read_train_mapping(path), sort_keys=True, default=str)
+    return hashlib.sha256(resolved.encode()).hexdigest()[:16]
 
 
 class RunDirectory:
@@ -68,7 +73,7 @@ class RunDirectory:
                                f"(hash {meta.get('config_hash')}, now {digest})")
             return meta
         self.trials_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(config.source, self.root / "train_config.yaml")
+        self._copy_train_config(Path(config.source))
         if config.robot.source:
             shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
             self._copy_plant_models(Path(config.robot.source))
@@ -77,6 +82,15 @@ class RunDirectory:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config.to_dict()}
         meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         return meta
+
+    def _copy_train_config(self, source: Path) -> None:
+        """The training file as given, or with a ``base`` the resolved settings (the run stays self-describing)."""
+        target = self.root / "train_config.yaml"
+        if "base" not in (read_yaml(source) or {}):
+            shutil.copyfile(source, target)
+            return
+        header = f"# resolved from {source} (its base merged in)\n"
+        target.write_text(header + yaml.safe_dump(read_train_mapping(source), sort_keys=False), encoding="utf-8")
 
     def _copy_plant_models(self, robot_source: Path) -> None:
         """Copy the plant-models file a robot config names by a relative path beside the copied config, so
