@@ -27,6 +27,7 @@ setup(
         (f"share/{PACKAGE}", ["package.xml"]),
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{PACKAGE}/config", glob("config/*.yaml") + glob("config/*.json")),
+        (f"share/{PACKAGE}/config/experiments", glob("config/experiments/*.yaml")),
         (f"share/{PACKAGE}/policies", glob("policies/*")),
     ],
     install_requires=RUNTIME,
