@@ -47,8 +47,10 @@ LOG = logging.getLogger("mcpilco.learner")
 class InitialStateSettings:
     """x_max: half-widths (rad, rad, rad/s, rad/s) of the nominal box; k_m, K: curriculum; floor: minimum
     half-widths; disturbance_fraction: share of particles/starts from post-disturbance states, used from
-    trial ``disturbance_from_trial``; disturbance_seeds: evaluation seeds that build the initial pool
-    (disjoint from the seeds used for scores)."""
+    trial ``disturbance_from_trial``; disturbance_seeds: protocol seeds whose disturbances build the pool
+    (disjoint from the seeds used for scores). The pool is simulated on the learner's own model (the prior
+    plant: what a user has before identification), never on the robot: it costs no robot time. After each trial
+    the first ``pool_seeds_per_trial`` of them add the states the new policy meets on that model."""
 
     x_max: tuple[float, float, float, float] = (math.pi, math.pi, 0.01, 0.01)
     k_m: int = 5
@@ -58,6 +60,7 @@ class InitialStateSettings:
     disturbance_from_trial: int = 5
     disturbance_seeds: tuple[int, ...] = (1000, 1001, 1002, 1003)
     disturbance_jitter: float = 0.05
+    pool_seeds_per_trial: int = 3
 
 
 @dataclass(frozen=True)
@@ -290,7 +293,8 @@ def _initial_state_settings(r: _Reader) -> InitialStateSettings:
         disturbance_fraction=fraction,
         disturbance_from_trial=r.integer("disturbance_from_trial", d.disturbance_from_trial, minimum=0),
         disturbance_seeds=tuple(_int_list(r, "disturbance_seeds", list(d.disturbance_seeds))),
-        disturbance_jitter=r.number("disturbance_jitter", d.disturbance_jitter, nonnegative=True))
+        disturbance_jitter=r.number("disturbance_jitter", d.disturbance_jitter, nonnegative=True),
+        pool_seeds_per_trial=r.integer("pool_seeds_per_trial", d.pool_seeds_per_trial, minimum=0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,6 +369,11 @@ def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: floa
     return sim.run(controller, np.asarray(x0, dtype=np.float64), duration)
 
 
+def robot_seconds(trajectory) -> float:
+    """Seconds the robot ran in a trajectory: its steps times the control period (what a trial costs)."""
+    return float(len(trajectory.u) * trajectory.dt)
+
+
 def post_disturbance_states(controller, config: RobotConfig,
                             seeds: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray]:
     """States right after each PID disturbance of the evaluation protocol (M, 4), and each seed's score."""
@@ -398,6 +407,7 @@ class TrialRecord:
     disturbance_states: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     timings: dict = field(default_factory=dict)
     robot_cost: float = float("nan")
+    robot_time: float = 0.0                       # s the robot ran for learning in this trial (see summary())
 
     def summary(self) -> dict:
         opt = self.optimization
@@ -408,7 +418,7 @@ class TrialRecord:
                 "skipped_optimization_steps": opt.skipped_steps if opt else 0,
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
-                "robot_cost": self.robot_cost}
+                "robot_cost": self.robot_cost, "robot_time_s": self.robot_time}
 
 
 class Learner:
@@ -463,7 +473,7 @@ class Learner:
         traj = run_on_robot(cfg.robot, ExplorationController(cfg.robot, cfg.exploration_amplitude, rng), x0,
                             cfg.exploration_duration)
         self.add_trajectory(traj)
-        return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start})
+        return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start}, robot_time=robot_seconds(traj))
 
     def fit_and_optimize(self, k: int, description: str, metadata: dict | None = None) -> tuple:
         """MC-PILCO step k without running the policy: fit the model on all data, optimise the policy.
@@ -506,15 +516,21 @@ class Learner:
         start = time.perf_counter()
         controller = build_controller(cfg.robot, record.policy)
         record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration)
+        record.robot_time = robot_seconds(record.trajectory)
         self.add_trajectory(record.trajectory)
         stride = round(cfg.robot.policy_period / record.trajectory.dt)
         record.robot_cost = float(saturated_cost(torch.as_tensor(record.trajectory.x[::stride]), cfg.cost).sum())
         timings["robot"] = time.perf_counter() - start
-        if cfg.evaluation_seeds:
+        s = cfg.initial_state
+        if s.disturbance_fraction > 0 and s.pool_seeds_per_trial:
+            start = time.perf_counter()      # on the learner's own model: no robot time
+            record.disturbance_states, _ = post_disturbance_states(
+                build_controller(cfg.robot, record.policy), cfg.robot, s.disturbance_seeds[:s.pool_seeds_per_trial])
+            self.pool = np.concatenate([self.pool, record.disturbance_states])
+            timings["pool"] = time.perf_counter() - start
+        if cfg.evaluation_seeds:             # a report only: it feeds neither the learner nor any choice
             start = time.perf_counter()
-            record.disturbance_states, record.eval_scores = post_disturbance_states(
-                build_controller(cfg.robot, record.policy), cfg.robot, cfg.evaluation_seeds)
-            if cfg.initial_state.disturbance_fraction > 0:
-                self.pool = np.concatenate([self.pool, record.disturbance_states])
+            _, record.eval_scores = post_disturbance_states(build_controller(cfg.robot, record.policy), cfg.robot,
+                                                            cfg.evaluation_seeds)
             timings["evaluation"] = time.perf_counter() - start
         record.timings = timings

@@ -2,7 +2,7 @@
 
 Layout of ``runs/NAME/``::
 
-    run.json                 run id, robot, config hash, package version, creation time
+    run.json                 run id, robot, config hash, package version, creation time, robot time used
     train_config.yaml        the training configuration as given;  robot_config.yaml: the robot's
     log.txt                  human-readable log (appended on resume)
     trials/trial_000/        data.npz (simulator trajectory at 2 ms: t, x, u, u_cmd, mode; x0),
@@ -146,6 +146,21 @@ class RunDirectory:
             shutil.copyfile(final / "policy.npz", self.root / "policy.npz")
         return final
 
+    def update_robot_time(self, records: list[TrialRecord]) -> None:
+        """run.json's account of robot time: every second the robot ran for learning, per trial and in total.
+
+        Protocol runs that score a policy for the learning curve are a report, not robot time: they feed neither
+        the model, nor the particles, nor any choice (``evaluation_seconds_reported`` says how much was run).
+        """
+        meta_path = self.root / "run.json"
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta["robot_time_s"] = {"total": float(sum(r.robot_time for r in records)),
+                                "per_trial": [float(r.robot_time) for r in records],
+                                "evaluation_seconds_reported": float(sum(60.0 * r.eval_scores.size for r in records))}
+        tmp = meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(meta_path)
+
     def load_trial(self, k: int, robot: str) -> TrialRecord:
         path = self.trial_path(k)
         with np.load(path / "data.npz") as d:
@@ -155,6 +170,7 @@ class RunDirectory:
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
         record.eval_scores = np.asarray(summary.get("eval_scores", []), dtype=float)
         record.robot_cost = float(summary.get("robot_cost") or float("nan"))
+        record.robot_time = float(summary.get("robot_time_s", len(traj.u) * traj.dt))   # older runs: the trial
         record.timings = summary.get("timings_s", {})
         if (path / "policy.npz").exists():
             record.policy = load_policy(path / "policy.npz", robot=robot)
@@ -184,10 +200,14 @@ class RunDirectory:
                 ax_cost.plot(steps, r.optimization.cost, lw=0.8, label=f"trial {r.index}")
                 offset += r.optimization.steps
         ax_cost.set(xlabel="optimisation step (all trials)", ylabel="particle cost J", title="policy optimisation")
-        scored = [(r.index, float(r.eval_scores.mean())) for r in records if r.eval_scores.size]
+        robot_time = np.cumsum([r.robot_time for r in records])
+        scored = [(robot_time[i], float(r.eval_scores.mean())) for i, r in enumerate(records) if r.eval_scores.size]
         if scored:
             ax_score.plot(*zip(*scored), "o-")
-        ax_score.set(xlabel="trial", ylabel="evaluation score (60 s protocol)", ylim=(0, 1), title="score per trial")
+            for (x, y), r in zip(scored, [r for r in records if r.eval_scores.size]):
+                ax_score.annotate(str(r.index), (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7)
+        ax_score.set(xlabel="robot time used for learning (s, counted)", ylabel="score (60 s protocol, a report)",
+                     ylim=(0, 1), title="score against robot time (labels: trial)")
         from ..plotting import save_figure
 
         return save_figure(fig, self.root / "learning_curves.png")
@@ -213,6 +233,7 @@ def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[Tr
         record = learner.exploration_trial() if k == 0 else learner.learning_trial(k)
         run.save_trial(record, meta)
         records.append(record)
+        run.update_robot_time(records)
         run.log(_describe(record))
         run.plot_learning_curves(records)
     return records
@@ -223,7 +244,7 @@ def _describe(record: TrialRecord) -> str:
     parts = [f"trial {record.index} complete"]
     if s["optimization_steps"]:
         parts.append(f"{s['optimization_steps']} steps ({s['stop_reason']}), model cost {s['final_model_cost']:.3f}")
-    parts.append(f"robot cost {record.robot_cost:.3f}")
+    parts.append(f"robot cost {record.robot_cost:.3f}, robot time {record.robot_time:.1f} s")
     if s["eval_score_mean"] is not None:
         parts.append(f"score {s['eval_score_mean']:.3f}")
     parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))

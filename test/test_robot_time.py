@@ -1,0 +1,46 @@
+"""Robot time is counted (issue: the robot is not the model): every second the robot runs for learning is in
+run.json and on the learning curve; scoring a policy for the report is not, and it feeds nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mcpilco_core.learning.learner import load_train_config
+from mcpilco_core.learning.runs import train
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "config" / "train_tiny.yaml"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_robot_time_adds_up_over_a_tiny_run_and_reports_feed_nothing(tmp_path):
+    settings = tmp_path / "train.yaml"
+    settings.write_text(f"base: {TINY}\ntrials: 3\nevaluation: {{seeds: [100]}}\n"
+                        "initial_state: {disturbance_fraction: 0.5, disturbance_from_trial: 1,\n"
+                        "                disturbance_seeds: [1000, 1001], pool_seeds_per_trial: 1}\n")
+    config = load_train_config(settings)
+    records = train(config, tmp_path / "run")
+    expected = [config.exploration_duration] + [config.trial_duration] * (config.trials - 1)
+    assert [r.robot_time for r in records] == pytest.approx(expected, abs=1e-9)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["robot_time_s"]["per_trial"] == pytest.approx(expected, abs=1e-9)
+    assert meta["robot_time_s"]["total"] == pytest.approx(sum(expected), abs=1e-9)      # 2 + 1 + 1 s
+    assert meta["robot_time_s"]["evaluation_seconds_reported"] == pytest.approx(60.0 * 2)
+    for r in records[1:]:
+        assert r.eval_scores.size == 1                                                  # reported ...
+        assert len(r.disturbance_states) == 15                                          # one pool seed, on the model
+        summary = json.loads((tmp_path / "run" / "trials" / f"trial_{r.index:03d}" / "summary.json").read_text())
+        assert summary["robot_time_s"] == pytest.approx(config.trial_duration)
+    # ... but the evaluation feeds nothing: without it the same run learns the same policies
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text(settings.read_text().replace("seeds: [100]", "seeds: []"))
+    again = train(load_train_config(quiet), tmp_path / "run_quiet")
+    for a, b in zip(records[1:], again[1:]):
+        np.testing.assert_array_equal(a.policy.centers, b.policy.centers)
+        np.testing.assert_array_equal(a.trajectory.x, b.trajectory.x)
+        assert b.eval_scores.size == 0
