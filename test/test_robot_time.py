@@ -44,3 +44,21 @@ def test_robot_time_adds_up_over_a_tiny_run_and_reports_feed_nothing(tmp_path):
         np.testing.assert_array_equal(a.policy.centers, b.policy.centers)
         np.testing.assert_array_equal(a.trajectory.x, b.trajectory.x)
         assert b.eval_scores.size == 0
+
+
+def test_the_prior_model_is_named_by_the_training_config_and_the_controller_keeps_its_own(tmp_path):
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learning.learner import Learner
+
+    settings = tmp_path / "train.yaml"
+    settings.write_text(f"base: {TINY}\nprior_model: model_1.0\n")
+    config = load_train_config(settings)
+    nominal = load_train_config(TINY)
+    assert config.model_robot.plant.name == "model_1.0" and config.model_robot.plant.cf == (0.16, 0.12)
+    assert config.robot.fingerprint() == nominal.robot.fingerprint()  # the controller's config is untouched
+    assert Learner(config).model.plant.params.name == "model_1.0"      # the GP's prior mean
+    assert Learner(nominal).model.plant.params.name == "model_1.1"     # default: the robot config's plant
+    np.testing.assert_array_equal(build_controller(config.robot).design.K, build_controller(nominal.robot).design.K)
+    settings.write_text(f"base: {TINY}\nprior_model: model_9\n")
+    with pytest.raises(Exception, match="model_9"):
+        load_train_config(settings)

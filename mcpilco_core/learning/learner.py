@@ -19,14 +19,23 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..config import ConfigError, RobotConfig, _Reader, load_robot_config, read_yaml
+from ..config import (
+    PLANT_MODELS_FILE,
+    ConfigError,
+    PlantParameters,
+    RobotConfig,
+    _Reader,
+    load_plant_parameters,
+    load_robot_config,
+    read_yaml,
+)
 from ..control.exploration import ExplorationController, trial_rng
 from ..recording.transitions import TransitionData, transitions_from_trajectory
 from .cost import CostSettings, saturated_cost
@@ -92,6 +101,14 @@ class TrainConfig:
     initial_state: InitialStateSettings = field(default_factory=InitialStateSettings)
     evaluation_seeds: tuple[int, ...] = (100,)
     progress: bool = True
+    prior_plant: PlantParameters | None = None    # the GP's prior model (None: the robot config's plant)
+
+    @property
+    def model_robot(self) -> RobotConfig:
+        """The robot as the learner models it: the robot config with the prior plant. The learner's prior mean and
+        the particles' post-disturbance pool use it; the controller (LQR, ROA, damping) keeps the robot config's
+        own plant, and the simulated robot is a robot profile: neither is read from here."""
+        return self.robot if self.prior_plant is None else replace(self.robot, plant=self.prior_plant)
 
     @property
     def policy_u_max(self) -> float:
@@ -120,7 +137,7 @@ class TrainConfig:
 
 _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "backward_matmul", "rollout", "trials",
              "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
-             "initial_state", "evaluation", "progress"]
+             "initial_state", "evaluation", "progress", "prior_model"]
 
 
 def auto_threads() -> int:
@@ -209,7 +226,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
-        progress=r.boolean("progress", d.progress))
+        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
     if config.u_max > robot_cfg.torque_limit:
@@ -221,6 +238,14 @@ def load_train_config(path: str | Path, robot: str | None = None,
     if config.horizon_steps < 1:
         raise ConfigError(path, "horizon", "shorter than one policy period")
     return config
+
+
+def _prior_plant(r: _Reader, robot_path: Path) -> PlantParameters | None:
+    """``prior_model: model_1.0``: a model of the plant-models file beside the robot config (default: the robot
+    config's own plant, e.g. model_1.1 -- what a user has before identifying the robot)."""
+    if not r.has("prior_model"):
+        return None
+    return load_plant_parameters(robot_path.parent / PLANT_MODELS_FILE, r.string("prior_model"))
 
 
 def _int_list(reader: _Reader, key: str, default: list[int]) -> list[int]:
@@ -429,7 +454,7 @@ class Learner:
         # "particles" / "processes": each of `threads` Python threads / processes propagates a share of the
         # particles with single-threaded ops (parallel.py); "ops": torch splits each op across `threads` threads.
         torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
-        self.model = DynamicsModel(config.robot, config.gp, rollout_mode=config.rollout)
+        self.model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
         self.policy: TorchPolicy | None = None
         self.pool = np.zeros((0, 4))
@@ -461,7 +486,7 @@ class Learner:
             return np.zeros((0, 4))
         from ..control import build_controller
 
-        states, _ = post_disturbance_states(build_controller(self.config.robot), self.config.robot,
+        states, _ = post_disturbance_states(build_controller(self.config.robot), self.config.model_robot,
                                             s.disturbance_seeds)
         return states
 
@@ -525,7 +550,8 @@ class Learner:
         if s.disturbance_fraction > 0 and s.pool_seeds_per_trial:
             start = time.perf_counter()      # on the learner's own model: no robot time
             record.disturbance_states, _ = post_disturbance_states(
-                build_controller(cfg.robot, record.policy), cfg.robot, s.disturbance_seeds[:s.pool_seeds_per_trial])
+                build_controller(cfg.robot, record.policy), cfg.model_robot,
+                s.disturbance_seeds[:s.pool_seeds_per_trial])
             self.pool = np.concatenate([self.pool, record.disturbance_states])
             timings["pool"] = time.perf_counter() - start
         if cfg.evaluation_seeds:             # a report only: it feeds neither the learner nor any choice
