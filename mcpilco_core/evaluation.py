@@ -28,7 +28,14 @@ import numpy as np
 
 from .config import RobotConfig, load_robot_config
 from .plant import DoublePendulum
-from .simulation import MODE_CODES, Simulator, Trajectory
+from .simulation import (
+    MODE_CODES,
+    MODE_NAMES,
+    Simulator,
+    Trajectory,
+    score_trajectory,  # noqa: F401 - re-exported: the score lives with the simulated robot
+    uptime,
+)
 
 DURATION = 60.0            # s
 DT = 0.002                 # s
@@ -111,21 +118,6 @@ class ResetPerturbation:
         return self.pid.torque(q, self.schedule.targets[i]) - self.plant.gravity_vector(q)
 
 
-# --------------------------------------------------------------------------------------------------
-# Score
-
-
-def uptime(t: np.ndarray, x: np.ndarray, plant: DoublePendulum) -> float:
-    """Seconds during which the end effector is strictly above the line (interval start counts)."""
-    above = plant.end_effector_height(x[:-1]) > plant.height_threshold
-    return float(np.sum(np.diff(t)[above]))
-
-
-def score_trajectory(t: np.ndarray, x: np.ndarray, plant: DoublePendulum, duration: float = DURATION) -> float:
-    """The protocol's score: uptime / duration."""
-    return uptime(t, x, plant) / duration
-
-
 @dataclass
 class EvaluationResult:
     """One seed's outcome. Torques in N m, times in s."""
@@ -168,8 +160,6 @@ def evaluate_seed(controller, config: RobotConfig, seed: int, duration: float = 
 
 
 def _mode_name(code: int) -> str:
-    from .simulation import MODE_NAMES
-
     return MODE_NAMES.get(int(code), "other")
 
 

@@ -1,17 +1,37 @@
-"""Closed-loop simulation of the double pendulum: RK4 at a fixed step, zero-order-held torques.
+"""The simulated robot: RK4 at a fixed step, zero-order-held torques, one step at a time.
 
-The controller is called at every integration step (2 ms by default) and keeps its own rates (the
-supervisor holds the 50 Hz policy output; LQR and damping run at every step). The simulator enforces
-the robot's torque limits, so the passive joint receives exactly zero torque whatever a controller
-asks; what the controller *asked* for the passive joint is recorded so tests and reports can check it.
+:class:`SimulatedRobot` is the one place where a simulated step happens; :class:`Simulator` (closed loop
+with a controller object, used by the evaluation protocol and the learner's trials) and
+``mcpilco_ros.sim_driver_node`` (the same robot behind ROS messages and clocks) both drive it. One step:
 
-Optional measurement noise, torque noise and measurement delay exist for robustness studies; all
-randomness comes from an explicit ``np.random.Generator``.
+1. the sensors report the measured state (:meth:`SimulatedRobot.measurement`; the true state unless the
+   robot has :class:`Imperfections`);
+2. an override (the evaluation protocol's reset PID) may take over both joints for this step; it receives the
+   same measured state as a controller would;
+3. the command passes the motor model (lag and torque noise, if any) and the torque limits: the passive
+   joint's limit is 0, so it receives exactly zero torque outside override steps whatever a controller asks;
+   a command that is not two finite numbers never reaches the plant (zero torque);
+4. one RK4 step of ``dt`` with the applied torque held; everything is recorded if asked.
+
+:meth:`SimulatedRobot.finish` returns the :class:`Trajectory` with its score (fraction of the time the end
+effector was strictly above 0.9 (l1 + l2)). What the controller *asked* for the passive joint is recorded
+(``u_cmd``) so tests and reports can check it.
+
+Imperfections follow RealAIGym's simulator exactly (``Simulator.get_measurement`` /
+``get_real_applied_u``; DESIGN.md section 8): with ``n = int(delay / dt) + 1`` the measurement at step k is
+the true state of step ``max(0, k - (n - 1))`` when n > 1, plus Gaussian noise of per-coordinate std
+``measurement_noise``; the applied torque is ``u = u_last + r (u_cmd - u_last)`` (u_last: the torque
+applied at the previous step, 0 at the start), plus Gaussian noise of per-joint std ``torque_noise``, then
+the limits. Random numbers come from an explicit ``np.random.Generator``, drawn in a fixed order per step
+(4 measurement normals when the step's measurement is first needed, then 2 torque normals), so equal
+generators give equal runs whoever drives the robot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,7 +43,8 @@ MODE_CODES = {"policy": 0, "lqr": 1, "damping": 2, "safe": 3, "idle": 4, "reset"
 MODE_NAMES = {code: name for name, code in MODE_CODES.items()}
 
 # An override returns torques for both joints while it is active (e.g. the evaluation's reset PID),
-# None otherwise. Arguments: step index, time (s), true state.
+# None otherwise. Arguments: step index, time (s), measured state (4-tuple: rad, rad/s). Called exactly
+# once per step.
 Override = Callable[[int, float, tuple], "np.ndarray | None"]
 
 
@@ -36,27 +57,44 @@ class SteppableController(Protocol):
 
 
 @dataclass(frozen=True)
-class NoiseModel:
-    """Imperfections for robustness studies (all zero by default = the evaluation protocol).
+class Imperfections:
+    """Sensor and motor imperfections of a simulated robot (RealAIGym's semantics; all off by default).
 
-    measurement_std: (4,) std of additive Gaussian noise on the measured state (rad, rad/s);
-    torque_std: std of additive noise on the actuated torque (N m);
-    delay_steps: the controller sees the state from this many steps ago.
+    measurement_noise: (4,) std of Gaussian noise on the measured q1, q2 (rad), dq1, dq2 (rad/s);
+    delay: measurement delay (s): the sensors report the state ``int(delay / dt)`` steps old;
+    motor_responsiveness: r in (0, 1]: each step the applied torque moves the fraction r of the way from the
+    previous applied torque to the command (1 = no lag);
+    torque_noise: (2,) std of Gaussian noise added to the applied torque per joint (N m).
     """
 
-    measurement_std: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
-    torque_std: float = 0.0
-    delay_steps: int = 0
+    measurement_noise: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    delay: float = 0.0
+    motor_responsiveness: float = 1.0
+    torque_noise: tuple[float, float] = (0.0, 0.0)
 
     @property
     def is_ideal(self) -> bool:
-        return not any(self.measurement_std) and self.torque_std == 0.0 and self.delay_steps == 0
+        return self.ideal_sensors and self.ideal_motors
+
+    @property
+    def ideal_sensors(self) -> bool:
+        return not any(self.measurement_noise) and self.delay == 0.0
+
+    @property
+    def ideal_motors(self) -> bool:
+        return self.motor_responsiveness == 1.0 and not any(self.torque_noise)
+
+    def delay_steps(self, dt: float) -> int:
+        """How many steps old the measurement is: ``int(delay / dt)`` (RealAIGym: n = int(delay/dt) + 1)."""
+        return int(self.delay / dt)
 
 
 @dataclass
 class Trajectory:
     """t: (N+1,) s; x: (N+1, 4) true states; u: (N, 2) applied torques (N m); u_cmd: (N, 2) what the
-    controller asked (zeros where an override acted); mode: (N,) codes of MODE_CODES."""
+    controller asked (zeros where an override acted); mode: (N,) codes of MODE_CODES; score: fraction of
+    the duration above the line (set by :meth:`SimulatedRobot.finish`); extras: ``x_measured`` (N+1, 4),
+    the states the sensors reported."""
 
     t: np.ndarray
     x: np.ndarray
@@ -64,63 +102,214 @@ class Trajectory:
     u_cmd: np.ndarray
     mode: np.ndarray
     extras: dict = field(default_factory=dict)
+    score: float | None = None
 
     @property
     def dt(self) -> float:
         return float(self.t[1] - self.t[0])
 
 
+def uptime(t: np.ndarray, x: np.ndarray, plant: DoublePendulum) -> float:
+    """Seconds during which the end effector is strictly above the line (interval start counts)."""
+    above = plant.end_effector_height(x[:-1]) > plant.height_threshold
+    return float(np.sum(np.diff(t)[above]))
+
+
+def score_trajectory(t: np.ndarray, x: np.ndarray, plant: DoublePendulum, duration: float | None = None) -> float:
+    """The protocol's score: uptime / duration (default: the trajectory's length in s)."""
+    return uptime(t, x, plant) / (duration if duration is not None else float(t[-1] - t[0]))
+
+
+def _clip(value: float, limit: float) -> float:
+    return min(max(value, -limit), limit)
+
+
+class SimulatedRobot:
+    """The simulated double pendulum, one step at a time (see the module docstring).
+
+    plant: the robot's true dynamics; torque_limits: (2,) N m per joint outside override steps (the passive
+    joint's is 0); dt: step (s); x0: initial true state; override: e.g. the protocol's reset PID, limited to
+    ``override_limits`` (N m) on both joints; imperfections and rng: sensors and motors (rng is required when
+    they draw noise); record: keep every step for :meth:`finish` (off for an endless ROS run).
+    """
+
+    def __init__(self, plant: DoublePendulum, torque_limits: Sequence[float], dt: float = 0.002,
+                 x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), *, override: Override | None = None,
+                 override_limits: Sequence[float] = (6.0, 6.0), imperfections: Imperfections | None = None,
+                 rng: np.random.Generator | None = None, record: bool = True) -> None:
+        self.plant = plant
+        self.limits = (float(torque_limits[0]), float(torque_limits[1]))
+        self.override_limits = (float(override_limits[0]), float(override_limits[1]))
+        self.dt = float(dt)
+        self.override = override
+        self.imperfections = imperfections or Imperfections()
+        imp = self.imperfections
+        if not 0.0 < imp.motor_responsiveness <= 1.0:
+            raise ValueError(f"motor_responsiveness must be in (0, 1], got {imp.motor_responsiveness}")
+        noisy = any(imp.measurement_noise) or any(imp.torque_noise)
+        if noisy and rng is None:
+            raise ValueError("a robot with measurement or torque noise needs an explicit np.random.Generator")
+        self.rng = rng
+        self._meas_std = np.asarray(imp.measurement_noise, dtype=np.float64) if any(imp.measurement_noise) else None
+        self._torque_std = np.asarray(imp.torque_noise, dtype=np.float64) if any(imp.torque_noise) else None
+        self._lag = imp.motor_responsiveness
+        self._ideal_motors = imp.ideal_motors
+        self._ideal_sensors = imp.ideal_sensors
+        x = tuple(float(v) for v in x0)
+        if len(x) != 4:
+            raise ValueError(f"x0 must have 4 entries, got {len(x)}")
+        self.x: tuple[float, float, float, float] = x   # true state at step k
+        self.k = 0
+        self.applied: tuple[float, float] = (0.0, 0.0)  # torque applied over the last step (N m)
+        self.stopped = False                              # latched: zero torque on both joints, mode "safe"
+        self._history: deque = deque([x], maxlen=imp.delay_steps(self.dt) + 1)
+        self._measured_k = -1
+        self._measured: tuple = x
+        self._override_k = -1
+        self._forced: np.ndarray | None = None
+        self.record = bool(record)
+        self._xs: list = [x]
+        self._xm: list = []
+        self._us: list = []
+        self._ucmd: list = []
+        self._modes: list = []
+
+    @property
+    def t(self) -> float:
+        """Time of the current step (s): k dt."""
+        return self.k * self.dt
+
+    def measurement(self) -> np.ndarray:
+        """What the sensors report at the current step (4,): rad, rad/s. Drawn once per step."""
+        return np.array(self._measure())
+
+    def _measure(self) -> tuple:
+        if self._measured_k != self.k:
+            self._measured_k = self.k
+            if self._ideal_sensors:
+                self._measured = self.x
+            else:
+                seen = self._history[0]   # the state int(delay / dt) steps ago (the oldest one at the start)
+                if self._meas_std is not None:
+                    seen = tuple(float(v) for v in np.asarray(seen) + self.rng.standard_normal(4) * self._meas_std)
+                self._measured = seen
+            if self.record:
+                self._xm.append(self._measured)
+        return self._measured
+
+    def in_override(self) -> bool:
+        """Whether the override (e.g. a reset window) acts at the current step."""
+        return self._override_now() is not None
+
+    def _override_now(self) -> np.ndarray | None:
+        """The override's torques for the current step, or None; evaluated once per step (its clocks and the
+        PID's history advance exactly once per step)."""
+        if self._override_k != self.k:
+            self._override_k = self.k
+            measured = self._measure()
+            self._forced = self.override(self.k, self.t, measured) if self.override is not None else None
+        return self._forced
+
+    def step(self, command: Sequence[float] | np.ndarray | None, mode: str = "other") -> np.ndarray:
+        """Apply ``command`` (N m, both joints; ignored during an override step or after a stop) for one step
+        of dt; returns the measurement of the new step. ``mode`` names who commanded (MODE_CODES)."""
+        self._measure()
+        forced = self._override_now()
+        cmd, target = (0.0, 0.0), (0.0, 0.0)
+        if forced is None and command is not None:
+            values = np.asarray(command, dtype=np.float64)
+            if values.shape == (2,):
+                cmd = (float(values[0]), float(values[1]))
+                if math.isfinite(cmd[0]) and math.isfinite(cmd[1]):
+                    target = cmd   # a broken command never reaches the plant
+        if self.stopped:
+            target, limits, code = (0.0, 0.0), (0.0, 0.0), MODE_CODES["safe"]
+        elif forced is not None:
+            target, limits, code = (float(forced[0]), float(forced[1])), self.override_limits, MODE_CODES["reset"]
+        else:
+            limits, code = self.limits, MODE_CODES.get(mode, MODE_CODES["other"])
+        u = self._motor(target, limits)
+        if self.record:
+            self._us.append(u)
+            self._ucmd.append(cmd)
+            self._modes.append(code)
+        self.x = self.plant.rk4_step_scalar(self.x, u, self.dt)
+        self.applied = u
+        self.k += 1
+        self._history.append(self.x)
+        if self.record:
+            self._xs.append(self.x)
+        return self.measurement()
+
+    def _motor(self, target: tuple[float, float], limits: tuple[float, float]) -> tuple[float, float]:
+        """Motor model then limits: u = u_last + r (target - u_last), plus torque noise, clipped."""
+        if self.stopped:
+            return (0.0, 0.0)
+        if self._ideal_motors:
+            return (_clip(target[0], limits[0]), _clip(target[1], limits[1]))
+        r = self._lag
+        last = self.applied
+        u0 = last[0] + r * (target[0] - last[0])
+        u1 = last[1] + r * (target[1] - last[1])
+        if self._torque_std is not None:
+            noise = self.rng.standard_normal(2) * self._torque_std
+            u0, u1 = u0 + float(noise[0]), u1 + float(noise[1])
+        return (_clip(u0, limits[0]), _clip(u1, limits[1]))
+
+    def finish(self, duration: float | None = None) -> Trajectory:
+        """The recorded trajectory with its score over ``duration`` (s; default: the time simulated)."""
+        if not self.record:
+            raise RuntimeError("this SimulatedRobot was created with record=False")
+        self._measure()
+        n = self.k
+        t = np.arange(n + 1) * self.dt
+        xs = np.array(self._xs, dtype=np.float64).reshape(n + 1, 4)
+        traj = Trajectory(t=t, x=xs, u=np.array(self._us, dtype=np.float64).reshape(n, 2),
+                          u_cmd=np.array(self._ucmd, dtype=np.float64).reshape(n, 2),
+                          mode=np.array(self._modes, dtype=np.int8),
+                          extras={"x_measured": np.array(self._xm, dtype=np.float64).reshape(n + 1, 4)})
+        if n > 0:
+            traj.score = score_trajectory(t, xs, self.plant, duration if duration is not None else n * self.dt)
+        return traj
+
+
 class Simulator:
-    """Runs a controller against the plant (see module docstring)."""
+    """Runs a controller object against a :class:`SimulatedRobot` (see the module docstring)."""
 
     def __init__(self, plant: DoublePendulum, torque_limits: tuple[float, float], dt: float = 0.002,
-                 noise: NoiseModel | None = None, rng: np.random.Generator | None = None,
+                 imperfections: Imperfections | None = None, rng: np.random.Generator | None = None,
                  override_limits: tuple[float, float] = (6.0, 6.0)) -> None:
         self.plant = plant
         self.torque_limits = np.asarray(torque_limits, dtype=np.float64)
         self.override_limits = np.asarray(override_limits, dtype=np.float64)
         self.dt = float(dt)
-        self.noise = noise or NoiseModel()
-        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.imperfections = imperfections or Imperfections()
+        self.rng = rng
+
+    def robot(self, x0: Sequence[float], override: Override | None = None) -> SimulatedRobot:
+        """A fresh simulated robot with this simulator's settings."""
+        return SimulatedRobot(self.plant, tuple(self.torque_limits), self.dt, x0, override=override,
+                              override_limits=tuple(self.override_limits), imperfections=self.imperfections,
+                              rng=self.rng)
 
     def run(self, controller: SteppableController, x0: np.ndarray, duration: float,
             override: Override | None = None, reset_controller: bool = True) -> Trajectory:
-        """Simulate ``duration`` seconds from ``x0``; ``override`` may take over the torques at times."""
-        n = int(round(duration / self.dt))
-        t = np.arange(n + 1) * self.dt
-        xs = np.empty((n + 1, 4))
-        us = np.zeros((n, 2))
-        u_cmd = np.zeros((n, 2))
-        modes = np.empty(n, dtype=np.int8)
-        x = tuple(float(v) for v in x0)
-        xs[0] = x
-        if reset_controller:
-            controller.reset()
-        for k in range(n):
-            forced = override(k, t[k], x) if override is not None else None
-            if forced is not None:
-                u = np.clip(forced, -self.override_limits, self.override_limits)
-                modes[k] = MODE_CODES["reset"]
-            else:
-                command = np.asarray(controller.step(self._measure(xs, k), float(t[k])), dtype=np.float64)
-                u_cmd[k] = command
-                u = self._apply_limits(command)
-                modes[k] = MODE_CODES.get(controller.mode, MODE_CODES["other"])
-            us[k] = u
-            x = self.plant.rk4_step_scalar(x, (u[0], u[1]), self.dt)
-            xs[k + 1] = x
-        return Trajectory(t=t, x=xs, u=us, u_cmd=u_cmd, mode=modes)
+        """Simulate ``duration`` seconds from ``x0``; ``override`` may take over the torques at times. The
+        controller is called at every step outside the override with the measured state and k dt."""
+        robot = self.robot(x0, override)
+        return drive(robot, controller, int(round(duration / self.dt)), reset_controller, duration)
 
-    def _measure(self, xs: np.ndarray, k: int) -> np.ndarray:
-        if self.noise.is_ideal:
-            return xs[k].copy()
-        measured = xs[max(0, k - self.noise.delay_steps)].copy()
-        return measured + self.rng.standard_normal(4) * np.asarray(self.noise.measurement_std)
 
-    def _apply_limits(self, command: np.ndarray) -> np.ndarray:
-        if command.shape != (2,) or not np.isfinite(command).all():
-            return np.zeros(2)  # a broken command never reaches the plant
-        u = command.copy()
-        if self.noise.torque_std:
-            u += self.rng.standard_normal(2) * self.noise.torque_std * (self.torque_limits > 0)
-        return np.clip(u, -self.torque_limits, self.torque_limits)
+def drive(robot: SimulatedRobot, controller: SteppableController, steps: int, reset_controller: bool = True,
+          duration: float | None = None) -> Trajectory:
+    """Run ``controller`` on ``robot`` for ``steps`` steps (it is not called during override steps); returns
+    :meth:`SimulatedRobot.finish` (score over ``duration`` s, default steps dt)."""
+    if reset_controller:
+        controller.reset()
+    for _ in range(steps):
+        if robot.in_override():
+            robot.step(None, "reset")
+        else:
+            command = controller.step(robot.measurement(), robot.t)
+            robot.step(command, controller.mode)
+    return robot.finish(duration)

@@ -38,9 +38,9 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
 from mcpilco_core.config import JOINT_NAMES
-from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation, score_trajectory
+from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation
 from mcpilco_core.plant import DoublePendulum
-from mcpilco_core.simulation import MODE_CODES
+from mcpilco_core.simulation import SimulatedRobot
 
 from ._ros_utils import (
     CONTROL_QOS,
@@ -110,18 +110,12 @@ class SimDriverNode(Node):
         self.perturbation = (ResetPerturbation(DisturbanceSchedule.from_seed(self.seed), self.plant, self.dt)
                              if own["protocol.enabled"] else None)
         self.publish_during_resets = bool(own["protocol.publish_during_resets"])
-        self._forced_k = -1
-        self._forced = None
         self.duration = float(own["duration"])
         self.record_file = str(own["record_file"])
         self.exit_when_done = bool(own["exit_when_done"])
         self.done = threading.Event()   # run_node() leaves when set
         self.exit_code = 0
 
-        self.x: tuple = tuple(x0)
-        self.k = 0
-        self.applied = (0.0, 0.0)
-        self.stopped = False
         self.finished = False
         self.started = self.mode == "realtime"
         self.counters = {"refused_names": 0, "refused_lengths": 0, "refused_nonfinite": 0, "stale_steps": 0,
@@ -138,12 +132,9 @@ class SimDriverNode(Node):
         n = int(round(self.duration / self.dt)) if self.duration > 0 else 0
         self._n_steps = n
         self._record = self.record_file != "" and n > 0
-        if self._record:
-            self._xs = np.empty((n + 1, 4))
-            self._us = np.zeros((n, 2))
-            self._ucmd = np.zeros((n, 2))
-            self._modes = np.zeros(n, dtype=np.int8)
-            self._xs[0] = self.x
+        # The simulated robot itself (mcpilco_core.simulation); this node adds only clocks and messages.
+        self.robot = SimulatedRobot(self.plant, self.limits, self.dt, x0, override=self.perturbation,
+                                    override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), record=self._record)
 
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
@@ -160,42 +151,23 @@ class SimDriverNode(Node):
         self._publish_state()
 
     # ---------------------------------------------------------------- simulation
+    @property
+    def k(self) -> int:
+        """Index of the current step."""
+        return self.robot.k
+
+    @property
+    def stopped(self) -> bool:
+        return self.robot.stopped
+
     def _advance(self, command: tuple[float, float], mode: str) -> None:
-        """One RK4 step of ``dt`` with ``command`` (N m) limited, or the protocol's reset torques."""
-        k = self.k
-        forced = self._forced_now()
-        if self.stopped:
-            u, code = (0.0, 0.0), MODE_CODES["safe"]
-        elif forced is not None:
-            u = tuple(float(min(max(v, -RESET_TORQUE_LIMIT), RESET_TORQUE_LIMIT)) for v in forced)
-            code = MODE_CODES["reset"]
-            command = (0.0, 0.0)
-        else:
-            u = tuple(min(max(float(c), -lim), lim) for c, lim in zip(command, self.limits))
-            code = MODE_CODES.get(mode, MODE_CODES["other"])
-        if self._record and k < self._n_steps:
-            self._us[k] = u
-            self._ucmd[k] = command
-            self._modes[k] = code
-        self.x = self.plant.rk4_step_scalar(self.x, u, self.dt)
-        self.applied = u
-        self.k = k + 1
-        if self._record and self.k <= self._n_steps:
-            self._xs[self.k] = self.x
-        if self._n_steps and self.k >= self._n_steps:
+        """One step of the simulated robot with ``command`` (N m; the robot applies limits, resets, stop)."""
+        self.robot.step(command, mode)
+        if self._n_steps and self.robot.k >= self._n_steps:
             self._finish()
 
-    def _forced_now(self):
-        """The protocol's reset torques for the current step, or None; evaluated once per step (the PID and
-        window timers advance exactly once per step, as in the evaluator)."""
-        if self._forced_k != self.k:
-            self._forced_k = self.k
-            self._forced = (self.perturbation(self.k, self.k * self.dt, self.x)
-                            if self.perturbation is not None else None)
-        return self._forced
-
     def _hidden_by_reset(self) -> bool:
-        return not self.publish_during_resets and self._forced_now() is not None
+        return not self.publish_during_resets and self.robot.in_override()
 
     def _skip_resets(self) -> None:
         """Without publishing during resets: run the window's steps now, without the controller."""
@@ -247,10 +219,10 @@ class SimDriverNode(Node):
             msg.header.stamp = self.get_clock().now().to_msg()
             ns = stamp_ns(msg)
         msg.name = list(JOINT_NAMES)
-        q1, q2, dq1, dq2 = self.x
+        q1, q2, dq1, dq2 = self.robot.measurement()
         msg.position = [float(q1), float(q2)]
         msg.velocity = [float(dq1), float(dq2)]
-        msg.effort = [float(self.applied[0]), float(self.applied[1])]
+        msg.effort = [float(self.robot.applied[0]), float(self.robot.applied[1])]
         if ns != self._published_ns or self._first_publish == 0.0:
             self._first_publish = time.monotonic()
         self._published_ns = ns
@@ -278,7 +250,7 @@ class SimDriverNode(Node):
             self._publish_state()
 
     def _on_stop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        self.stopped = True
+        self.robot.stopped = True
         self.get_logger().warning("stop requested: zero torque until the node restarts")
         response.success = True
         response.message = "stopped: zero torque on both joints (latched until restart)"
@@ -287,12 +259,13 @@ class SimDriverNode(Node):
     def _finish(self) -> None:
         self.finished = True
         if self._record:
-            t = np.arange(self._n_steps + 1) * self.dt
-            self.score = score_trajectory(t, self._xs, self.plant, self.duration)
+            traj = self.robot.finish(self.duration)
+            self.score = traj.score
             windows = np.array(self.perturbation.windows if self.perturbation else np.zeros((0, 2)))
             path = Path(self.record_file)
             path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, t=t, x=self._xs, u=self._us, u_cmd=self._ucmd, mode=self._modes,
+            np.savez(path, t=traj.t, x=traj.x, u=traj.u, u_cmd=traj.u_cmd, mode=traj.mode,
+                     x_measured=traj.extras["x_measured"],
                      windows=windows.reshape(-1, 2), score=self.score, seed=self.seed,
                      robot=self.config.robot, lockstep_timeouts=self.counters["lockstep_timeouts"],
                      stale_steps=self.counters["stale_steps"], republished=self.counters["republished"])
@@ -314,7 +287,7 @@ class SimDriverNode(Node):
         else:
             level, message = OK, f"running ({self.mode})"
         values = {"mode": self.mode, "step": self.k, "sim_time_s": self.k * self.dt, "stopped": self.stopped,
-                  "applied_torque": list(self.applied),
+                  "applied_torque": list(self.robot.applied),
                   "rate_hz": 1e3 / period["mean"] if period["mean"] == period["mean"] else math.nan,
                   "period_p50_ms": period["p50"], "period_p99_ms": period["p99"], "period_max_ms": period["max"]}
         values.update(self.counters)

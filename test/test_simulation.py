@@ -1,9 +1,11 @@
-"""The simulator: limits, the passive joint, zero-order hold through the supervisor, noise and delay options."""
+"""The simulated robot: limits, the passive joint, overrides, and RealAIGym's delay, noise and motor lag on
+hand-computed steps."""
 
 import numpy as np
+import pytest
 
 from mcpilco_core.plant import GOAL
-from mcpilco_core.simulation import MODE_CODES, NoiseModel, Simulator
+from mcpilco_core.simulation import MODE_CODES, Imperfections, SimulatedRobot, Simulator
 
 
 class Greedy:
@@ -43,17 +45,67 @@ def test_override_takes_over(pendubot_plant):
     assert np.all(traj.mode[5:] == MODE_CODES["policy"])
 
 
-def test_noise_and_delay_are_seeded(pendubot_plant):
-    noise = NoiseModel(measurement_std=(0.01, 0.01, 0.1, 0.1), torque_std=0.2, delay_steps=3)
-    runs = []
-    for _ in range(2):
-        controller = Greedy()
-        sim = Simulator(pendubot_plant, (6.0, 0.0), noise=noise, rng=np.random.default_rng(4))
-        traj = sim.run(controller, GOAL, 0.05)
-        runs.append((traj, np.array(controller.seen)))
-    np.testing.assert_array_equal(runs[0][0].x, runs[1][0].x)
-    traj, seen = runs[0]
-    assert np.all(traj.u[:, 1] == 0.0)                      # torque noise never touches the passive joint
-    # the controller saw a noisy, delayed state: close to the true state 3 steps earlier
-    k = 10
-    assert np.all(np.abs(seen[k] - traj.x[k - 3]) < 0.5) and not np.array_equal(seen[k], traj.x[k - 3])
+class Recorder:
+    """Sends a fixed torque sequence and records what it was shown."""
+
+    mode = "policy"
+
+    def __init__(self, commands):
+        self.commands = commands
+        self.seen = []
+
+    def reset(self):
+        self.seen.clear()
+
+    def step(self, x, t):
+        self.seen.append(np.array(x))
+        return self.commands[len(self.seen) - 1]
+
+
+def test_delay_noise_and_lag_follow_the_formulas(pendubot_plant):
+    """delay 5 ms at 2 ms: the state 2 steps old (n = int(0.005/0.002) + 1 = 3); noise added to it; torque
+    u = u_last + r (u_cmd - u_last), plus noise, then the limits (the passive joint's is 0)."""
+    imperfections = Imperfections(measurement_noise=(0.01, 0.02, 0.05, 0.06), delay=0.005,
+                                  motor_responsiveness=0.9, torque_noise=(0.02, 0.5))
+    commands = [np.array([1.0, 3.0]), np.array([2.0, 0.0]), np.array([-8.0, 0.0]), np.array([0.5, 0.0]),
+                np.array([0.5, 0.0]), np.array([0.5, 0.0])]
+    controller = Recorder(commands)
+    sim = Simulator(pendubot_plant, (6.0, 0.0), imperfections=imperfections, rng=np.random.default_rng(7))
+    traj = sim.run(controller, GOAL, 6 * 0.002)
+    # the same normals, drawn in the documented order: 4 for the measurement, then 2 for the torque, per step
+    normals = np.random.default_rng(7).standard_normal(6 * 6 + 4).tolist()
+    meas_std, torque_std = np.array(imperfections.measurement_noise), np.array(imperfections.torque_noise)
+    u_last = np.zeros(2)
+    for k in range(6):
+        z = np.array(normals[6 * k: 6 * k + 4])
+        expected_seen = traj.x[max(0, k - 2)] + z * meas_std
+        np.testing.assert_array_equal(controller.seen[k], expected_seen)
+        np.testing.assert_array_equal(traj.extras["x_measured"][k], expected_seen)
+        lagged = u_last + 0.9 * (commands[k] - u_last)
+        noisy = lagged + np.array(normals[6 * k + 4: 6 * k + 6]) * torque_std
+        expected_u = np.array([min(max(noisy[0], -6.0), 6.0), 0.0])
+        np.testing.assert_array_equal(traj.u[k], expected_u)
+        u_last = expected_u
+    assert traj.u[2, 0] == -6.0                      # the lag does not save a too-large command from the limit
+    assert np.all(traj.u[:, 1] == 0.0)               # noise and lag never reach the passive joint
+    # the plant integrates exactly the applied torque
+    np.testing.assert_array_equal(traj.x[1], pendubot_plant.rk4_step_scalar(tuple(GOAL), tuple(traj.u[0]), 0.002))
+
+
+def test_ideal_robot_reports_the_true_state_and_needs_no_rng(pendubot_plant):
+    robot = SimulatedRobot(pendubot_plant, (6.0, 0.0), x0=(0.1, 0.2, 0.3, 0.4))
+    np.testing.assert_array_equal(robot.measurement(), [0.1, 0.2, 0.3, 0.4])
+    seen = robot.step((2.0, 1.0), "policy")
+    np.testing.assert_array_equal(seen, robot.x)
+    assert robot.applied == (2.0, 0.0) and robot.k == 1
+    with pytest.raises(ValueError, match="Generator"):
+        SimulatedRobot(pendubot_plant, (6.0, 0.0), imperfections=Imperfections(torque_noise=(0.1, 0.0)))
+
+
+def test_noisy_runs_are_seeded(pendubot_plant):
+    imperfections = Imperfections(measurement_noise=(0.01, 0.01, 0.1, 0.1), delay=0.005, motor_responsiveness=0.9,
+                                  torque_noise=(0.2, 0.0))
+    runs = [Simulator(pendubot_plant, (6.0, 0.0), imperfections=imperfections,
+                      rng=np.random.default_rng(seed)).run(Greedy(), GOAL, 0.05) for seed in (4, 4, 5)]
+    np.testing.assert_array_equal(runs[0].x, runs[1].x)
+    assert not np.array_equal(runs[0].x, runs[2].x)
