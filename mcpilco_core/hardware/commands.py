@@ -3,7 +3,7 @@
 Torque control in moteus is position mode with the position loop switched off: ``position=nan`` (no
 position target), ``kp_scale=0``, ``kd_scale=0`` and the wanted torque as ``feedforward_torque``, bounded by
 ``maximum_torque``; every command carries ``watchdog_timeout`` so the firmware stops the motor (mode 11)
-if this process stops talking. Omitting ``position`` would mean "go to 0 rev" (DESIGN section 7).
+if this process stops talking. Omitting ``position`` would mean "go to 0 rev" (moteus docs).
 """
 
 from __future__ import annotations

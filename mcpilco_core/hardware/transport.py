@@ -1,7 +1,7 @@
 """Open the CAN transport named by a :class:`TransportConfig` with the official moteus library.
 
 Must be called from inside the asyncio loop that will use the transport: a moteus transport binds to the
-first event loop that uses it (DESIGN section 7).
+first event loop that uses it (docs/hardware.md).
 """
 
 from __future__ import annotations

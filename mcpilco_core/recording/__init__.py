@@ -2,7 +2,7 @@
 
 No rclpy here (the trainer node hands in raw CDR bytes), so everything is testable without ROS.
 
-**What a trial bag holds** (topics of DESIGN.md section 3, raw CDR exactly as received):
+**What a trial bag holds** (the ROS interfaces of the README, raw CDR exactly as received):
 
 - ``joint_states`` (sensor_msgs/JointState): the driver's 500 Hz stream; position rad, velocity rad/s and, in
   ``effort``, the torque (N m) the driver actually applied over the step that ended at the header stamp;

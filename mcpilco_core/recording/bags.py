@@ -1,7 +1,8 @@
 """Writing trial bags: rosbag2 (mcap or sqlite3, metadata version 8 or 9) from raw CDR bytes.
 
-The topics and their types are the package's ROS interfaces (DESIGN.md section 3); no rclpy here: the trainer node
-hands in the bytes it received. What a bag holds and how a session directory is laid out: :mod:`mcpilco_core.recording`.
+The topics and their types are the package's ROS interfaces (the README's interface table); no rclpy here: the
+trainer node hands in the bytes it received. What a bag holds and how a session directory is laid out:
+:mod:`mcpilco_core.recording`.
 """
 
 from __future__ import annotations
