@@ -1,6 +1,6 @@
 """Test-session isolation: ROS discovery stays on this machine, every test process gets its own domain.
 
-Set before anything imports rclpy (network hygiene: see tools/ros_env.sh). The README's test command additionally runs the
+Set before anything imports rclpy (network hygiene, as tools/ros_env.sh). The README's test command also runs the
 whole suite inside a private network namespace where ``unshare -n`` works.
 """
 
