@@ -1,5 +1,7 @@
 """Policy files: our .npz format, RealAIGym's pickled .np, and refusal of anything unsafe or broken."""
 
+import io
+import json
 import os
 import pickle
 
@@ -134,3 +136,189 @@ def test_shipped_policies_load_and_never_torque_the_passive_joint(robot):
     assert policy.robot == robot and np.isfinite(policy.weights).all()
     (result,) = evaluate_seeds(ControllerSpec(config_path_for(robot), str(path)), [0], duration=6.0)
     assert result.passive_max_torque == 0.0 and result.passive_max_applied_torque == 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Every failure while reading a policy is a PolicyError naming the file (issue 13, item 1)
+
+
+def write_npz(path, metadata=None, **arrays):
+    """An .npz in our format's layout with the given metadata (any JSON value, or a raw array) and arrays."""
+    policy = random_policy()
+    base = {"centers": policy.centers, "log_lengthscales": policy.log_lengthscales, "weights": policy.weights}
+    meta = {"format": "mcpilco_policy", "format_version": 1, "robot": "pendubot", "u_max": 3.0,
+            "control_period": 0.02, "feature_order": ["dq1", "dq2", "cos_q1", "cos_q2", "sin_q1", "sin_q2"]}
+    if isinstance(metadata, dict):
+        meta.update(metadata)
+    elif metadata is not None:
+        meta = metadata
+    meta_array = meta if isinstance(meta, np.ndarray) else np.array(json.dumps(meta))
+    np.savez(path, **{**base, **arrays, "metadata": meta_array})
+    return path
+
+
+MALFORMED_NPZ = {
+    "metadata_list": ([1, 2, 3], {}, "JSON object"),
+    "metadata_string": ("just a string", {}, "JSON object"),
+    "metadata_number_array": (np.arange(3.0), {}, "metadata"),
+    "format_version_text": ({"format_version": "one"}, {}, "format_version"),
+    "format_version_float": ({"format_version": 1.5}, {}, "format_version"),
+    "feature_order_number": ({"feature_order": 5}, {}, "feature_order"),
+    "feature_order_wrong": ({"feature_order": ["q1", "q2"]}, {}, "feature_order"),
+    "u_max_text": ({"u_max": "three"}, {}, "u_max"),
+    "u_max_list": ({"u_max": [3.0]}, {}, "u_max"),
+    "robot_number": ({"robot": 7}, {}, "robot"),
+    "no_robot": ({"robot": None}, {}, "robot"),
+    "weights_strings": (None, {"weights": np.array(["a", "b"])}, "numeric"),
+    "centers_1d": (None, {"centers": np.zeros(20)}, "shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_NPZ))
+def test_malformed_npz_is_a_policy_error_naming_the_file(tmp_path, case):
+    metadata, arrays, reason = MALFORMED_NPZ[case]
+    path = write_npz(tmp_path / f"{case}.npz", metadata, **arrays)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path, robot="pendubot")
+    assert str(path) in str(info.value) and reason in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["strings", "dicts", "list"])
+def test_np_pickles_of_objects_are_a_policy_error(tmp_path, content):
+    objects = {"strings": np.array(["x", "y"], dtype=object), "dicts": np.array([{"a": 1}, {"b": 2}], dtype=object),
+               "list": ["centers", "weights"]}
+    path = tmp_path / f"{content}.np"
+    with open(path, "wb") as handle:
+        pickle.dump({"centers": objects[content], "log_lengthscales": np.zeros(6), "linear_weights": np.ones(2)},
+                    handle)
+    with pytest.raises(PolicyError, match=str(path)):
+        load_policy(path, robot="pendubot")
+
+
+def test_cli_evaluate_and_export_report_a_bad_policy_and_exit_2(tmp_path, capsys):
+    from mcpilco_ros.cli import main
+
+    bad = write_npz(tmp_path / "bad.npz", [1, 2])
+    assert main(["evaluate", "--robot", "pendubot", "--controller", str(bad), "--seeds", "0"]) == 2
+    assert str(bad) in capsys.readouterr().err
+    assert main(["export", str(bad), "--realaigym", str(tmp_path / "out.np")]) == 2
+    assert str(bad) in capsys.readouterr().err and not (tmp_path / "out.np").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Extreme but finite parameters and the policy's period (issue 13, item 3)
+
+
+EXTREMES = {  # finite parameters whose torque is NaN/inf somewhere in the state box, or cannot be bounded there
+    "lengthscale_-800": lambda p: p.log_lengthscales.__setitem__(0, -800.0),   # NaN torques (issue 13)
+    "lengthscale_-710": lambda p: p.log_lengthscales.__setitem__(0, -710.0),   # 1/l * 100 rad/s overflows
+    "weights_overflow": lambda p: p.weights.__setitem__(slice(0, 2), 1.7e308),
+    "centers_overflow": lambda p: (p.centers.__setitem__((0, 0), 1.7e308), p.log_lengthscales.__setitem__(0, -1.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXTREMES))
+def test_parameters_giving_non_finite_torques_are_refused(tmp_path, case):
+    raw = random_policy()
+    EXTREMES[case](raw)
+    policy = SumOfGaussiansPolicy(raw.centers, raw.log_lengthscales, raw.weights, 3.0, "pendubot")
+    if case == "lengthscale_-800":
+        assert np.isnan(policy(np.zeros(4)))          # what the check prevents
+    path = save_policy(policy, tmp_path / "extreme.npz")
+    with pytest.raises(PolicyError, match="not finite") as info:
+        load_policy(path, robot="pendubot")
+    assert str(path) in str(info.value)
+
+
+def test_finite_extremes_that_stay_finite_are_accepted(tmp_path):
+    policy = random_policy()
+    policy.log_lengthscales[:] = 30.0          # huge lengthscales: a constant output, still finite
+    policy = SumOfGaussiansPolicy(policy.centers, policy.log_lengthscales, policy.weights, 3.0, "pendubot")
+    loaded = load_policy(save_policy(policy, tmp_path / "flat.npz"), robot="pendubot")
+    assert np.isfinite(loaded(np.random.default_rng(0).uniform(-50, 50, (100, 4)))).all()
+
+
+@pytest.mark.parametrize("period", [0.5, 1e9, 0.01])
+def test_a_policy_period_other_than_the_controllers_is_refused(tmp_path, period):
+    policy = random_policy()
+    policy.control_period = period
+    path = save_policy(policy, tmp_path / "period.npz")
+    with pytest.raises(PolicyError, match="control_period|runs every") as info:
+        load_policy(path, robot="pendubot", policy_period=0.02)
+    assert str(path) in str(info.value)
+    if period > 1.0:   # not a control period at all, whatever the controller
+        with pytest.raises(PolicyError, match="control_period"):
+            load_policy(path, robot="pendubot")
+
+
+def test_evaluate_refuses_a_policy_for_another_period(tmp_path, pendubot_config):
+    policy = random_policy()
+    policy.control_period = 0.5
+    path = save_policy(policy, tmp_path / "slow.npz")
+    with pytest.raises(PolicyError, match="runs every 0.5 s"):
+        ControllerSpec(pendubot_config.source, str(path)).build()
+
+
+# --------------------------------------------------------------------------------------------------
+# Bounded reading (issue 13, item 2)
+
+
+def test_an_extra_array_in_the_archive_is_never_decompressed(tmp_path):
+    import tracemalloc
+    import zipfile
+
+    path = save_policy(random_policy(), tmp_path / "extra.npz")
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        buffer = io.BytesIO()
+        np.save(buffer, np.zeros(8 * 2**20, dtype=np.uint8))       # 8 MiB that compress to a few kB
+        archive.writestr("junk.npy", buffer.getvalue())
+    tracemalloc.start()
+    try:
+        loaded = load_policy(path, robot="pendubot")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert loaded.num_basis == 20 and peak < 2 * 2**20
+
+
+def test_oversize_members_headers_and_files_are_refused(tmp_path, monkeypatch):
+    import mcpilco_core.policy as policy_module
+
+    big = random_policy(nb=2000)
+    path = save_policy(big, tmp_path / "big.npz")
+    monkeypatch.setattr(policy_module, "MAX_MEMBER_BYTES", 10_000)
+    with pytest.raises(PolicyError, match="'centers' declares .* bytes") as info:
+        load_policy(path)
+    assert str(path) in str(info.value)
+    monkeypatch.setattr(policy_module, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(PolicyError, match="larger than a policy file may be"):
+        load_policy(path)
+    monkeypatch.undo()
+
+    # a .npy header claiming 2**40 elements over a few bytes of data: refused before anything is allocated
+    lying = tmp_path / "lying.npz"
+    write_npz(lying)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<f8", "fortran_order": False, "shape": (2**40,)})
+    with zipfile_replace(lying, "weights.npy", buffer.getvalue() + b"\0" * 16) as replaced:
+        with pytest.raises(PolicyError, match="header says") as info:
+            load_policy(replaced)
+    assert str(replaced) in str(info.value)
+
+
+class zipfile_replace:  # noqa: N801 - a context manager used like a function
+    """Copy of an .npz with one member's bytes replaced."""
+
+    def __init__(self, path, member, data):
+        import zipfile
+
+        self.out = path.with_name("replaced_" + path.name)
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(self.out, "w") as dst:
+            for info in src.infolist():
+                dst.writestr(info.filename, data if info.filename == member else src.read(info))
+
+    def __enter__(self):
+        return self.out
+
+    def __exit__(self, *exc):
+        self.out.unlink()

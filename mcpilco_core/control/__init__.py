@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import RobotConfig, load_robot_config
 from ..plant import DoublePendulum
-from ..policy import SumOfGaussiansPolicy, load_policy
+from ..policy import SumOfGaussiansPolicy, check_period, load_policy
 from .lqr import LqrDesign, design_lqr
 from .roa import RoaEstimate, region_of_attraction
 from .supervisor import MODES, Supervisor
@@ -27,6 +27,8 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
     roa = region_of_attraction(config, plant, design, use_cache=use_roa_cache)
     if policy is not None and policy.robot != config.robot:
         raise ValueError(f"policy is for the {policy.robot}, the configuration for the {config.robot}")
+    if isinstance(policy, SumOfGaussiansPolicy):
+        check_period(policy, config.policy_period)  # PolicyError: it would run at another rate than it was made for
     return Supervisor(config, design, roa.rho, policy)
 
 
