@@ -9,8 +9,9 @@ Faithful details (DESIGN.md section 5):
 - ``np.random.RandomState(seed)`` (= numpy's seeded global RNG) draws ``U[0, 2pi)^(151x4) - pi`` targets
   first (reset k uses the position columns of row k), then the times
   ``linspace(3.75, 56.25, 15) + 2 (U[0, 1) - 0.5)``;
-- a window starts at the first step with t >= its time and lasts while its accumulated timer
-  (sum of 2 ms steps inside it) is <= 0.2 s;
+- a window starts at the first step whose time is >= its time and lasts while its accumulated timer
+  (sum of the 2 ms steps inside it) is <= 0.2 s, both on RealAIGym's clock (t += dt at every step, float
+  roundoff included): 101 or 100 steps (:class:`ResetPerturbation`);
 - PID per joint on the raw (multi-turn) error e = target - q with the PID's own dt of 1 ms:
   u = Kp e + Ki sum(e) 1ms + Kd (e_k - e_{k-1}) / 1ms, the derivative only once more than 2 errors
   are in its history, which is never cleared between windows; clipped at +-6 N m; then -G(q) is
@@ -86,7 +87,14 @@ class ResetPid:
 
 
 class ResetPerturbation:
-    """Simulator override that runs the protocol's reset windows (see module docstring)."""
+    """Simulator override that runs the protocol's reset windows (see module docstring).
+
+    Its clock is RealAIGym's: the time accumulated by adding dt at every step (``t += dt``, with its float
+    roundoff), not k dt; a window starts at the first step whose clock is >= its time and lasts while its
+    timer (the sum of the clock's step lengths inside the window) is <= 0.2 s, checked before each step:
+    101 or 100 steps of 2 ms as the roundoff falls (seed 0: 101 steps from step 1983, then 101, 100, ...).
+    ``windows`` records [start, end] of each window in the simulation's time k dt (s).
+    """
 
     def __init__(self, schedule: DisturbanceSchedule, plant: DoublePendulum, dt: float = DT) -> None:
         self.schedule = schedule
@@ -95,23 +103,37 @@ class ResetPerturbation:
         self.pid = ResetPid()
         self._timers = np.zeros(len(schedule.times))
         self._next = 0
+        self._clock = 0.0     # RealAIGym's accumulated time at step _clock_k (s)
+        self._clock_k = 0
         self.windows: list[list[float]] = []   # [start, end] of each window actually run (s)
 
-    def active_reset(self, t: float) -> int | None:
-        """Index of the reset acting at time t (advancing its timer), or None."""
-        i = self._next
-        if i >= len(self.schedule.times) or t < self.schedule.times[i]:
-            return None
-        if self._timers[i] == 0.0:
-            self.windows.append([float(t), float(t)])
-        self._timers[i] += self.dt
-        self.windows[-1][1] = float(t) + self.dt
-        if self._timers[i] > WINDOW:
+    def clock(self, k: int) -> float:
+        """The protocol's accumulated time at step k (s; steps are visited in increasing order)."""
+        if k < self._clock_k:
+            raise ValueError(f"step {k} is before the protocol clock's step {self._clock_k}")
+        while self._clock_k < k:
+            self._clock += self.dt
+            self._clock_k += 1
+        return self._clock
+
+    def active_reset(self, k: int) -> int | None:
+        """Index of the reset acting at step k (advancing its timer), or None. Call once per step, in order."""
+        clock = self.clock(k)
+        times = self.schedule.times
+        while self._next < len(times) and clock >= times[self._next]:
+            i = self._next
+            if self._timers[i] <= WINDOW:
+                if self._timers[i] == 0.0:
+                    self.windows.append([k * self.dt, k * self.dt])
+                self._timers[i] += (clock + self.dt) - clock    # this step's length on the accumulated clock
+                self.windows[-1][1] = (k + 1) * self.dt
+                return i
             self._next += 1
-        return i
+        return None
 
     def __call__(self, k: int, t: float, x: tuple) -> np.ndarray | None:
-        i = self.active_reset(t)
+        """Reset torques (N m, both joints) for step k from the measured state x, or None."""
+        i = self.active_reset(k)
         if i is None:
             return None
         q = np.array(x[:2])

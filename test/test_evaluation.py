@@ -48,21 +48,24 @@ def test_pid_history_is_never_cleared():
 
 
 def test_reset_windows_follow_the_schedule(pendubot_plant):
-    schedule = DisturbanceSchedule.from_seed(3)
-    perturbation = ResetPerturbation(schedule, pendubot_plant, DT)
-    active_steps = np.zeros(15, dtype=int)
-    first_step = np.full(15, -1)
-    for k in range(int(round(60.0 / DT))):
-        t = k * DT
-        i = perturbation.active_reset(t)
-        if i is not None:
-            active_steps[i] += 1
-            if first_step[i] < 0:
-                first_step[i] = k
-    assert np.all((active_steps >= 100) & (active_steps <= 101))
-    expected_first = np.ceil(schedule.times / DT - 1e-9).astype(int)
-    assert np.all(np.abs(first_step - expected_first) <= 1)
-    assert len(perturbation.windows) == 15
+    """Windows on RealAIGym's accumulated clock (t += dt): from the first step with t >= the reset time, for as
+    long as t - t_start <= 0.2 s: 101 or 100 steps as the roundoff falls, exactly."""
+    for seed in (0, 3):
+        schedule = DisturbanceSchedule.from_seed(seed)
+        perturbation = ResetPerturbation(schedule, pendubot_plant, DT)
+        clock, now = [], 0.0
+        for _ in range(30000):
+            clock.append(now)
+            now += DT
+        expected = []
+        for time in schedule.times:
+            start = next(k for k, c in enumerate(clock) if c >= time)
+            steps = sum(1 for c in clock[start:start + 110] if c - clock[start] <= 0.2)
+            expected.append([start, steps])
+        active = [k for k in range(30000) if perturbation.active_reset(k) is not None]
+        seen = [[round(a / DT), round((b - a) / DT)] for a, b in perturbation.windows]
+        assert seen == expected and len(active) == sum(n for _, n in expected)
+        assert {n for _, n in expected} == {100, 101}
 
 
 def test_reset_torque_includes_gravity_compensation(pendubot_plant):
@@ -71,7 +74,7 @@ def test_reset_torque_includes_gravity_compensation(pendubot_plant):
     x = (0.5, -0.2, 0.0, 0.0)  # already at the target: only integral (0) and gravity remain
     u = perturbation(0, 0.0, x)
     np.testing.assert_allclose(u, -pendubot_plant.gravity_vector(np.array(x[:2])))
-    assert perturbation(0, 100.0, x) is not None  # still inside its 0.2 s window (timer-based)
+    assert perturbation(1, 100.0, x) is not None  # still inside its 0.2 s window (timer-based)
 
 
 def test_uptime_on_constructed_trajectories(pendubot_plant):
