@@ -1,6 +1,11 @@
 """End-to-end: tiny MC-PILCO trainings (config/train_tiny.yaml), resume, run directory, CLI."""
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,29 +50,89 @@ def test_tiny_training_writes_run_directory_and_cost_decreases(tmp_path):
         train(config, root)
 
 
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, monkeypatch):
-    config = replace(load_train_config(TINY, "pendubot"), trials=3)
-    full = train(config, tmp_path / "full")
+RESUME = REPO / "test" / "data" / "train_tiny_resume.yaml"   # pool, evaluation seeds, parallel: processes
 
-    original = Learner.learning_trial
 
-    def interrupted(self, k):
-        if k == 2:
-            raise KeyboardInterrupt
-        return original(self, k)
+def _train_command(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mcpilco_ros.cli", "train", "--robot", "pendubot", "--config", str(RESUME),
+            "--out", str(out), *extra]
 
-    monkeypatch.setattr(Learner, "learning_trial", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(config, tmp_path / "cut")
-    assert RunDirectory(tmp_path / "cut").completed_trials() == [0, 1]
-    monkeypatch.setattr(Learner, "learning_trial", original)
-    resumed = train(config, tmp_path / "cut", resume=True)
-    assert [r.index for r in resumed] == [0, 1, 2]
-    a, b = full[-1].policy, resumed[-1].policy
+
+def _kill_during_optimisation(out: Path, trial: int, min_step: int = 5) -> str:
+    """Start ``mcpilco train``, wait until trial ``trial``'s optimisation progress bar shows ``min_step`` steps
+    on stderr, SIGKILL the process group (the trainer and its particle worker); returns the stderr read."""
+    proc = subprocess.Popen(_train_command(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    pattern = re.compile(rb"trial %d policy:\s+\d+%%\|[^|]*\|\s*(\d+)/" % trial)
+    seen = b""
+    try:
+        while True:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"mcpilco train ended before trial {trial}'s optimisation:\n"
+                                     + seen.decode(errors="replace")[-3000:])
+            seen += chunk
+            if any(int(m.group(1)) >= min_step for m in pattern.finditer(seen[-4096:])):
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stderr.close()
+    return seen.decode(errors="replace")
+
+
+def _train_to_the_end(out: Path, *extra: str) -> None:
+    done = subprocess.run(_train_command(out, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+
+
+def test_sigkill_during_optimisation_then_resume_equals_uninterrupted_run(tmp_path):
+    """SIGKILL ``mcpilco train`` in trial 2's optimisation (post-disturbance pool, evaluation seeds and
+    ``parallel: processes`` on), ``--resume`` in a fresh process: every trial's files equal those of an
+    uninterrupted run exactly (policies, learning curves, trajectories, models, pools, scores)."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    _train_to_the_end(full)
+    _kill_during_optimisation(cut, trial=2)
+    run = RunDirectory(cut)
+    assert run.completed_trials() == [0, 1]
+    assert not run.trial_path(2).exists()                    # killed before trial 2 was saved
+    _train_to_the_end(cut, "--resume")
+    assert "resumed after trial 1" in (cut / "log.txt").read_text()
+    assert RunDirectory(cut).completed_trials() == [0, 1, 2]
+    config = load_train_config(RESUME, "pendubot")
+    assert config.parallel == "processes" and config.evaluation_seeds and config.initial_state.disturbance_fraction > 0
+    for k in range(3):
+        a, b = RunDirectory(full).trial_path(k), RunDirectory(cut).trial_path(k)
+        names = sorted(p.name for p in a.iterdir())
+        assert names == sorted(p.name for p in b.iterdir())
+        if k:
+            assert {"policy.npz", "model.npz", "optimization.npz"} <= set(names)
+            assert len(np.load(a / "disturbance_states.npy")) > 0    # the pool grew
+        for name in names:
+            if name.endswith(".npy"):
+                np.testing.assert_array_equal(np.load(a / name), np.load(b / name), err_msg=f"trial {k} {name}")
+            elif name.endswith(".npz"):
+                with np.load(a / name) as da, np.load(b / name) as db:
+                    keys = set(da.files) - {"wall_time"}
+                    assert keys == set(db.files) - {"wall_time"}, name
+                    for key in sorted(keys):
+                        va, vb = da[key], db[key]
+                        if name == "policy.npz" and key == "metadata":   # the runs' ids differ, nothing else
+                            va, vb = (json.loads(str(v)) for v in (va, vb))
+                            assert va.pop("run_id") != vb.pop("run_id")
+                            assert va == vb
+                            continue
+                        np.testing.assert_array_equal(va, vb, err_msg=f"trial {k} {name}[{key}]")
+        sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+        for s in (sa, sb):
+            s.pop("timings_s")
+        assert sa == sb
+    pa, pb = load_policy(full / "policy.npz"), load_policy(cut / "policy.npz")
     for name in ("centers", "log_lengthscales", "weights"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-    np.testing.assert_array_equal(full[-1].trajectory.x, resumed[-1].trajectory.x)
-    assert full[-1].optimization.cost == resumed[-1].optimization.cost
+        np.testing.assert_array_equal(getattr(pa, name), getattr(pb, name))
 
 
 def test_cli_train_and_export(tmp_path):

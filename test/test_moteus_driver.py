@@ -190,15 +190,20 @@ def test_limits_damp_then_stop(make_rig: Callable[..., Rig], x0: tuple, what: st
     wait_for(lambda: any(s.decision.state is SafetyState.DAMPING for s in rig.samples))
     damping = [s for s in rig.samples if s.decision.state is SafetyState.DAMPING]
     assert what in damping[0].decision.reason
-    wait_for(lambda: rig.driver.safety.state is SafetyState.STOPPED, timeout=3.0)
+    wait_for(lambda: rig.samples[-1].decision.state is SafetyState.STOPPED, timeout=3.0)
     samples = list(rig.samples)
     damping = [s for s in samples if s.decision.state is SafetyState.DAMPING]
     for prev, s in zip(samples, samples[1:]):   # decided on the previous measurement
         if s.decision.state is SafetyState.DAMPING:   # opposes the actuated joint's velocity; passive untouched
             assert s.decision.torques[1] == 0.0
             assert s.decision.torques[0] == pytest.approx(max(-6.0, min(6.0, -0.1 * prev.dq[0])), abs=1e-9)
-    duration = damping[-1].monotonic - damping[0].monotonic
-    assert 0.15 < duration < 0.4
+    # order, not timing (the damping time is tested exactly with an injected clock in test_safety.py): one
+    # uninterrupted stretch of damping, then stopped for good
+    states = [s.decision.state for s in samples]
+    first, last = states.index(SafetyState.DAMPING), len(states) - 1 - states[::-1].index(SafetyState.DAMPING)
+    assert set(states[first:last + 1]) == {SafetyState.DAMPING}
+    assert set(states[last + 1:]) == {SafetyState.STOPPED} and all(s.decision.stop for s in samples[last + 1:])
+    assert not any(s.decision.stop for s in samples[:last + 1])
     wait_for(lambda: rig.motor(0).mode == 0)
     assert rig.bus.rig.passive_torque_peak == 0.0
 
