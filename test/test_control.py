@@ -23,8 +23,9 @@ def test_lqr_matches_reference(repo, robot):
     config = load_controller(repo / "config" / f"{robot}.yaml").config
     plant = DoublePendulum(config.plant)
     design = design_lqr(plant, config.actuated_joint, ref["Q_diag"], ref["R_diag"][config.actuated_joint])
-    np.testing.assert_allclose(design.K, ref["K"], rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(design.S, ref["S"], rtol=1e-9)
+    # the README's claim: <= 2e-12 relative, element by element (measured: pendubot 8e-14, acrobot 9.8e-13)
+    np.testing.assert_allclose(design.K, ref["K"], rtol=2e-12, atol=0.0)
+    np.testing.assert_allclose(design.S, ref["S"], rtol=2e-12, atol=0.0)
     assert np.all(design.K[config.passive_joint] == 0.0)
 
 
@@ -155,13 +156,19 @@ def test_roa_estimate_is_simulated(pendubot_config):
     assert weak.rho < estimate.rho
 
 
-@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
-def test_states_well_inside_the_shipped_roa_are_stabilised(repo, robot):
+@pytest.mark.parametrize("robot,at_09", [("pendubot", 0.01), ("acrobot", 0.0)])
+def test_states_inside_the_shipped_roa_are_stabilised(repo, robot, at_09):
+    """The README's numbers: of 1000 fresh states at 0.8 rho all are stabilised; at 0.9 rho at most 1 %
+    (pendubot) / none (acrobot) are not."""
     controller = load_controller(repo / "config" / f"{robot}.yaml")
     config, design = controller.config, controller.design
-    inside = sample_sublevel_states(design, np.full(200, 0.8 * controller.rho), np.random.default_rng(7))
-    final = simulate_lqr(DoublePendulum(config.plant), design, inside, config.torque_limit, 0.002, 3.0)
-    assert np.all(design.cost_to_go(wrap_state(final)) < config.roa.converged_cost)
+    plant = DoublePendulum(config.plant)
+    for fraction, allowed in ((0.8, 0.0), (0.9, at_09)):
+        states = sample_sublevel_states(design, np.full(1000, fraction * controller.rho), np.random.default_rng(7))
+        np.testing.assert_allclose(design.cost_to_go(states), fraction * controller.rho, rtol=1e-9)
+        final = simulate_lqr(plant, design, states, config.torque_limit, 0.002, 3.0)
+        failed = int(np.sum(~(design.cost_to_go(wrap_state(final)) < config.roa.converged_cost)))
+        assert failed <= allowed * 1000, (fraction, failed)
 
 
 def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeypatch):
