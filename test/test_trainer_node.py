@@ -4,7 +4,6 @@ policy -> controller's parameter set + ~/reload_policy. The retrain uses the rea
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -110,10 +109,12 @@ def test_retrain_exports_a_new_policy_and_the_controller_reloads_it(tmp_path, pe
         answer = r.call(robot.retrain, Trigger.Request())
         assert answer.success, answer.message
         assert not r.call(robot.retrain, Trigger.Request()).success  # one retrain at a time
-        # the trainer's executor stays responsive while the learner runs in its own process
-        start = time.monotonic()
-        assert r.call(robot.start, Trigger.Request()).success and trainer.retrain_proc is not None
-        assert time.monotonic() - start < 2.0
+        # the trainer's executor stays responsive while the learner runs in its own process: a service call is
+        # answered before that process ends (order, not a time limit; timing: benchmarks/bench_retrain_loop.py)
+        learner = trainer.retrain_proc
+        assert learner is not None and learner.poll() is None
+        assert r.call(robot.start, Trigger.Request()).success
+        assert learner.poll() is None and trainer.retrain_proc is learner and trainer.recorder is not None
         assert r.call(robot.stop, Trigger.Request()).success
         wait_for(lambda: controller.policy_version != "none", timeout=70, what="controller reloaded the policy")
         history = json.loads((tmp_path / "run" / "retrain.json").read_text())
