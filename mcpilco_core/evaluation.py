@@ -32,8 +32,10 @@ from .plant import DoublePendulum
 from .simulation import (
     MODE_CODES,
     MODE_NAMES,
-    Simulator,
+    RobotProfile,
     Trajectory,
+    drive,
+    load_robot_profile,
     score_trajectory,  # noqa: F401 - re-exported: the score lives with the simulated robot
     uptime,
 )
@@ -152,21 +154,28 @@ class EvaluationResult:
     mode_fractions: dict
     windows: list
     trajectory: Trajectory | None = field(default=None, repr=False)
+    robot_profile: str = "nominal"
 
     def to_dict(self) -> dict:
-        return {"seed": self.seed, "score": self.score, "uptime": self.uptime,
+        return {"seed": self.seed, "robot_profile": self.robot_profile, "score": self.score, "uptime": self.uptime,
                 "passive_max_torque": self.passive_max_torque,
                 "passive_max_applied_torque": self.passive_max_applied_torque,
                 "mode_fractions": self.mode_fractions, "disturbance_windows": self.windows}
 
 
 def evaluate_seed(controller, config: RobotConfig, seed: int, duration: float = DURATION,
-                  keep_trajectory: bool = True) -> EvaluationResult:
-    """Run the protocol once for ``seed`` with ``controller`` (reset first)."""
+                  keep_trajectory: bool = True, profile: RobotProfile | str | None = None) -> EvaluationResult:
+    """Run the protocol once for ``seed`` with ``controller`` (reset first) on the simulated robot of ``profile``
+    (None = nominal: the robot config's plant, ideal sensors and motors; its noise is seeded by ``seed``).
+
+    The reset PID's gravity compensation and the score line use the robot config's plant (the protocol's side).
+    """
+    profile = load_robot_profile(profile)
     plant = DoublePendulum(config.plant)
     perturbation = ResetPerturbation(DisturbanceSchedule.from_seed(seed), plant, DT)
-    sim = Simulator(plant, config.torque_limits, DT, override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT))
-    traj = sim.run(controller, np.array(INITIAL_STATE), duration, override=perturbation)
+    robot = profile.robot(config, seed, INITIAL_STATE, override=perturbation,
+                          override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), dt=DT)
+    traj = drive(robot, controller, int(round(duration / DT)), True, duration)
     up = uptime(traj.t, traj.x, plant)
     passive = config.passive_joint
     controlled = traj.mode != MODE_CODES["reset"]
@@ -178,7 +187,7 @@ def evaluate_seed(controller, config: RobotConfig, seed: int, duration: float = 
         passive_max_torque=float(np.max(np.abs(traj.u_cmd[:, passive]))),
         passive_max_applied_torque=float(applied.max()) if applied.size else 0.0,
         mode_fractions=fractions, windows=perturbation.windows,
-        trajectory=traj if keep_trajectory else None)
+        trajectory=traj if keep_trajectory else None, robot_profile=profile.label)
 
 
 def _mode_name(code: int) -> str:
@@ -224,21 +233,24 @@ class ZeroController:
 
 
 
-def _evaluate_spec(spec: ControllerSpec, seed: int, keep_trajectory: bool, duration: float) -> EvaluationResult:
+def _evaluate_spec(spec: ControllerSpec, seed: int, keep_trajectory: bool, duration: float,
+                   profile: RobotProfile | None) -> EvaluationResult:
     config, controller = spec.build()
-    return evaluate_seed(controller, config, seed, duration, keep_trajectory)
+    return evaluate_seed(controller, config, seed, duration, keep_trajectory, profile)
 
 
 def evaluate_seeds(spec: ControllerSpec, seeds: Sequence[int], jobs: int = 1, keep_trajectory: bool = False,
-                   duration: float = DURATION) -> list[EvaluationResult]:
-    """Evaluate ``spec`` on every seed; ``jobs`` > 1 uses worker processes (results in seed order)."""
+                   duration: float = DURATION, profile: RobotProfile | str | None = None) -> list[EvaluationResult]:
+    """Evaluate ``spec`` on every seed on the simulated robot of ``profile`` (None = nominal); ``jobs`` > 1
+    uses worker processes (results in seed order)."""
     spec.build()  # fail fast (bad config/policy) and warm the ROA cache before forking
+    loaded = load_robot_profile(profile)   # fail fast on a bad profile too
     if jobs <= 1 or len(seeds) <= 1:
-        return [_evaluate_spec(spec, s, keep_trajectory, duration) for s in seeds]
+        return [_evaluate_spec(spec, s, keep_trajectory, duration, loaded) for s in seeds]
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=min(jobs, len(seeds))) as pool:
-        futures = [pool.submit(_evaluate_spec, spec, s, keep_trajectory, duration) for s in seeds]
+        futures = [pool.submit(_evaluate_spec, spec, s, keep_trajectory, duration, loaded) for s in seeds]
         return [f.result() for f in futures]
 
 

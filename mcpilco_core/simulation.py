@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from .config import ConfigError, PlantParameters, RobotConfig, load_plant_parameters, read_yaml
 from .plant import DoublePendulum
 
 MODE_CODES = {"policy": 0, "lqr": 1, "damping": 2, "safe": 3, "idle": 4, "reset": 5, "other": 6}
@@ -130,14 +132,17 @@ class SimulatedRobot:
     plant: the robot's true dynamics; torque_limits: (2,) N m per joint outside override steps (the passive
     joint's is 0); dt: step (s); x0: initial true state; override: e.g. the protocol's reset PID, limited to
     ``override_limits`` (N m) on both joints; imperfections and rng: sensors and motors (rng is required when
-    they draw noise); record: keep every step for :meth:`finish` (off for an endless ROS run).
+    they draw noise); record: keep every step for :meth:`finish` (off for an endless ROS run); score_plant:
+    the geometry of the score line (default: plant; profiles score with the robot config's).
     """
 
     def __init__(self, plant: DoublePendulum, torque_limits: Sequence[float], dt: float = 0.002,
                  x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), *, override: Override | None = None,
                  override_limits: Sequence[float] = (6.0, 6.0), imperfections: Imperfections | None = None,
-                 rng: np.random.Generator | None = None, record: bool = True) -> None:
+                 rng: np.random.Generator | None = None, record: bool = True,
+                 score_plant: DoublePendulum | None = None) -> None:
         self.plant = plant
+        self.score_plant = score_plant or plant
         self.limits = (float(torque_limits[0]), float(torque_limits[1]))
         self.override_limits = (float(override_limits[0]), float(override_limits[1]))
         self.dt = float(dt)
@@ -173,6 +178,14 @@ class SimulatedRobot:
         self._us: list = []
         self._ucmd: list = []
         self._modes: list = []
+
+    @classmethod
+    def from_profile(cls, profile: RobotProfile | str | Path | None, config: RobotConfig, seed: int = 0,
+                     x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), **kwargs) -> SimulatedRobot:
+        """The simulated robot of ``profile`` (a :class:`RobotProfile`, a name, ``NAME:SEED`` or a file; None =
+        nominal) for the robot ``config``, its noise seeded by ``seed``; kwargs: override, override_limits,
+        record (see :meth:`RobotProfile.robot`)."""
+        return load_robot_profile(profile).robot(config, seed, x0, **kwargs)
 
     @property
     def t(self) -> float:
@@ -269,7 +282,7 @@ class SimulatedRobot:
                           mode=np.array(self._modes, dtype=np.int8),
                           extras={"x_measured": np.array(self._xm, dtype=np.float64).reshape(n + 1, 4)})
         if n > 0:
-            traj.score = score_trajectory(t, xs, self.plant, duration if duration is not None else n * self.dt)
+            traj.score = score_trajectory(t, xs, self.score_plant, duration if duration is not None else n * self.dt)
         return traj
 
 
@@ -313,3 +326,195 @@ def drive(robot: SimulatedRobot, controller: SteppableController, steps: int, re
             command = controller.step(robot.measurement(), robot.t)
             robot.step(command, controller.mode)
     return robot.finish(duration)
+
+
+# --------------------------------------------------------------------------------------------------
+# Robot profiles: the simulated robot configured apart from the controller's and the learner's model
+
+PROFILES_FILE = "robot_profiles.yaml"
+PROFILES_PLANT_MODELS = "plant_models.yaml"   # default plant_models_file, beside the profiles file
+PROFILE_KEYS = ("description", "plant_model", "measurement_noise", "delay", "motor_responsiveness", "torque_noise",
+                "perturbation", "seed")
+PERTURBED_PARAMETERS = ("m", "l", "r", "I", "Ir", "b", "cf")   # drawn in this order, index by index
+
+
+@dataclass(frozen=True)
+class RobotProfile:
+    """What the simulated robot is (config/robot_profiles.yaml documents every field).
+
+    plant_model: None = the robot config's plant, else a model of ``plant_models_file``;
+    measurement_noise: (4,) std (rad, rad, rad/s, rad/s); delay (s); motor_responsiveness in (0, 1];
+    torque_noise_actuated / torque_noise_passive: std (N m); perturbation: each plant parameter is scaled by
+    1 + U(-p, p) drawn from ``np.random.default_rng(seed)``; seed: also the first half of every run's noise
+    seed (:meth:`noise_generator`).
+    """
+
+    name: str
+    plant_model: str | None = None
+    plant_models_file: str | None = None
+    measurement_noise: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    delay: float = 0.0
+    motor_responsiveness: float = 1.0
+    torque_noise_actuated: float = 0.0
+    torque_noise_passive: float = 0.0
+    perturbation: float = 0.0
+    seed: int = 0
+    description: str = ""
+    source: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The name, with the seed when it matters (``perturbed:3``)."""
+        return f"{self.name}:{self.seed}" if self.perturbation and self.seed else self.name
+
+    def imperfections(self, config: RobotConfig) -> Imperfections:
+        """Sensors and motors for ``config``'s robot (torque noise placed on its actuated/passive joint)."""
+        torque = [0.0, 0.0]
+        torque[config.actuated_joint] = self.torque_noise_actuated
+        torque[config.passive_joint] = self.torque_noise_passive
+        return Imperfections(measurement_noise=self.measurement_noise, delay=self.delay,
+                             motor_responsiveness=self.motor_responsiveness, torque_noise=(torque[0], torque[1]))
+
+    def plant_parameters(self, config: RobotConfig) -> PlantParameters:
+        """The simulated robot's true plant: the named model (or the robot config's), perturbed if asked."""
+        if self.plant_model is None:
+            params = config.plant
+        else:
+            params = load_plant_parameters(self.plant_models_file or "", self.plant_model)
+        if not self.perturbation:
+            return params
+        rng = np.random.default_rng(self.seed)
+        changes: dict = {}
+        for key in PERTURBED_PARAMETERS:
+            value = getattr(params, key)
+            if isinstance(value, tuple):
+                changes[key] = tuple(float(v) * (1.0 + rng.uniform(-self.perturbation, self.perturbation))
+                                     for v in value)
+            else:
+                changes[key] = float(value) * (1.0 + rng.uniform(-self.perturbation, self.perturbation))
+        return replace(params, name=f"{params.name} perturbed {self.perturbation:g} seed {self.seed}", **changes)
+
+    def noise_generator(self, seed: int) -> np.random.Generator:
+        """The generator of a run with ``seed`` (the evaluation seed): ``np.random.default_rng([profile seed,
+        seed])``."""
+        return np.random.default_rng([int(self.seed), int(seed)])
+
+    def robot(self, config: RobotConfig, seed: int = 0, x0: Sequence[float] = (0.0, 0.0, 0.0, 0.0), *,
+              override: Override | None = None, override_limits: Sequence[float] = (6.0, 6.0),
+              record: bool = True, dt: float | None = None) -> SimulatedRobot:
+        """The simulated robot of this profile for ``config`` (its torque limits; dt default: its
+        control_period), noise from :meth:`noise_generator` (``seed``); scored with the robot config's
+        geometry (the protocol's line in joint space)."""
+        imperfections = self.imperfections(config)
+        rng = None if imperfections.is_ideal else self.noise_generator(seed)
+        return SimulatedRobot(DoublePendulum(self.plant_parameters(config)), config.torque_limits,
+                              config.control_period if dt is None else dt, x0, override=override,
+                              override_limits=override_limits, imperfections=imperfections, rng=rng, record=record,
+                              score_plant=DoublePendulum(config.plant))
+
+
+NOMINAL = RobotProfile(name="nominal", description="the robot config's own plant, ideal sensors and motors")
+
+
+def _number(value: object, source: str, name: str, low: float = 0.0, high: float = math.inf,
+            low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ConfigError(source, name, f"expected a finite number, got {value!r}")
+    value = float(value)
+    if value < low or (low_open and value == low) or value > high:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ConfigError(source, name, f"must be in {bounds}, got {value:g}")
+    return value
+
+
+def robot_profile_from_mapping(data: Mapping, name: str, source: str | Path, prefix: str = "",
+                               plant_models_file: str | Path | None = None) -> RobotProfile:
+    """Validate one profile's fields (errors name ``source`` and the dotted field)."""
+    source = str(source)
+
+    def field_name(key: str) -> str:
+        return f"{prefix}.{key}" if prefix else key
+
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, prefix or "<root>", f"expected a mapping of profile fields, got {data!r}")
+    for key in data:
+        if key not in PROFILE_KEYS:
+            raise ConfigError(source, field_name(str(key)), f"unknown field (known: {list(PROFILE_KEYS)})")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(source, field_name("description"), f"expected a string, got {description!r}")
+    model = data.get("plant_model", "robot")
+    if not isinstance(model, str):
+        raise ConfigError(source, field_name("plant_model"), f"expected a model name or 'robot', got {model!r}")
+    models_path = None
+    if model != "robot":
+        models_path = Path(plant_models_file) if plant_models_file else Path(source).parent / PROFILES_PLANT_MODELS
+        models = read_yaml(models_path).get("models", {}) if models_path.is_file() else {}
+        if model not in models:
+            raise ConfigError(source, field_name("plant_model"),
+                              f"{model!r} is not 'robot' nor a model of {models_path} (known: {sorted(models)})")
+    noise = data.get("measurement_noise", [0.0] * 4)
+    if not isinstance(noise, Sequence) or isinstance(noise, str) or len(noise) != 4:
+        raise ConfigError(source, field_name("measurement_noise"), f"expected a list of 4 numbers, got {noise!r}")
+    noise = tuple(_number(v, source, f"{field_name('measurement_noise')}[{i}]") for i, v in enumerate(noise))
+    torque = data.get("torque_noise", {})
+    if not isinstance(torque, Mapping):
+        raise ConfigError(source, field_name("torque_noise"),
+                          f"expected {{actuated: N m, passive: N m}}, got {torque!r}")
+    for key in torque:
+        if key not in ("actuated", "passive"):
+            raise ConfigError(source, f"{field_name('torque_noise')}.{key}", "unknown field (known: actuated, passive)")
+    seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(source, field_name("seed"), f"expected an integer >= 0, got {seed!r}")
+    return RobotProfile(
+        name=name, plant_model=None if model == "robot" else model,
+        plant_models_file=str(models_path) if models_path else None, measurement_noise=noise,  # type: ignore[arg-type]
+        delay=_number(data.get("delay", 0.0), source, field_name("delay"), 0.0, 1.0),
+        motor_responsiveness=_number(data.get("motor_responsiveness", 1.0), source,
+                                     field_name("motor_responsiveness"), 0.0, 1.0, low_open=True),
+        torque_noise_actuated=_number(torque.get("actuated", 0.0), source, f"{field_name('torque_noise')}.actuated"),
+        torque_noise_passive=_number(torque.get("passive", 0.0), source, f"{field_name('torque_noise')}.passive"),
+        perturbation=_number(data.get("perturbation", 0.0), source, field_name("perturbation"), 0.0, 0.5),
+        seed=seed, description=description, source=source)
+
+
+
+def load_robot_profile(spec: str | Path | RobotProfile | None = None,
+                       profiles_file: str | Path | None = None) -> RobotProfile:
+    """A robot profile by name (``config/robot_profiles.yaml``, or ``profiles_file``), ``NAME:SEED`` (the
+    profile with another seed), or the path of a YAML file with one profile's fields. None = nominal."""
+    if isinstance(spec, RobotProfile):
+        return spec
+    if spec is None:
+        spec = "nominal"
+    text = str(spec)
+    seed = None
+    head, sep, tail = text.rpartition(":")
+    if sep and tail.isdigit():
+        text, seed = head, int(tail)
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(path, "<file>", "no such robot profile file")
+        profile = robot_profile_from_mapping(read_yaml(path), path.stem, path)
+    else:
+        if profiles_file is None:
+            from .paths import config_dir
+
+            profiles_file = config_dir() / PROFILES_FILE
+        path = Path(profiles_file)
+        data = read_yaml(path)
+        if not isinstance(data, Mapping) or not isinstance(data.get("profiles"), Mapping):
+            raise ConfigError(path, "profiles", "missing: expected a mapping of profile name -> fields")
+        for key in data:
+            if key not in ("profiles", "plant_models_file"):
+                raise ConfigError(path, str(key), "unknown field (known: plant_models_file, profiles)")
+        if text not in data["profiles"]:
+            raise ConfigError(path, f"profiles.{text}", f"unknown robot profile (known: {sorted(data['profiles'])})")
+        models = data.get("plant_models_file", PROFILES_PLANT_MODELS)
+        if not isinstance(models, str):
+            raise ConfigError(path, "plant_models_file", f"expected a file name, got {models!r}")
+        profile = robot_profile_from_mapping(data["profiles"][text], text, path, f"profiles.{text}",
+                                             path.parent / models)
+    return replace(profile, seed=seed) if seed is not None else profile

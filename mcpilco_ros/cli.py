@@ -42,6 +42,9 @@ def _add_evaluate(subparsers) -> None:
     p.add_argument("--controller", default="lqr",
                    help="'lqr' (LQR + damping), 'zero' (no torque), or a policy file (.npz or RealAIGym .np)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--robot-profile", default="nominal",
+                   help="the simulated robot: a profile of config/robot_profiles.yaml (nominal, hardware_proxy, "
+                        "hardware_proxy_nonoise, perturbed), NAME:SEED, or a profile YAML file (default nominal)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json", type=Path, help="write per-seed results and the summary here")
     p.add_argument("--plot", type=Path, help="write the first seed's time-series plot here (png/pdf/svg)")
@@ -50,23 +53,27 @@ def _add_evaluate(subparsers) -> None:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from mcpilco_core.evaluation import ControllerSpec, config_path_for, evaluate_seeds, summarize
+    from mcpilco_core.simulation import load_robot_profile
 
     spec = ControllerSpec(config_path_for(args.robot, args.config), args.controller)
+    profile = load_robot_profile(args.robot_profile)
     config, _ = spec.build()
     if config.robot != args.robot:
         raise ConfigError(spec.config_path, "robot", f"is {config.robot!r} but --robot {args.robot} was given")
     start = time.perf_counter()
-    results = evaluate_seeds(spec, args.seeds, jobs=args.jobs, keep_trajectory=args.plot is not None)
+    results = evaluate_seeds(spec, args.seeds, jobs=args.jobs, keep_trajectory=args.plot is not None,
+                             profile=profile)
     elapsed = time.perf_counter() - start
     for r in results:
         print(f"seed {r.seed:>4d}  score {r.score:.4f}  uptime {r.uptime:6.2f} s  "
               f"passive max |tau| {r.passive_max_torque:.1f} N m")
     summary = summarize(results)
-    print(f"{args.robot} / {args.controller}: score {summary['mean']:.4f} +- {summary['std']:.4f} "
-          f"over {summary['n']} seed(s) ({elapsed:.1f} s)")
+    print(f"{args.robot} / {args.controller} / robot profile {profile.label}: score {summary['mean']:.4f} "
+          f"+- {summary['std']:.4f} over {summary['n']} seed(s) ({elapsed:.1f} s)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"robot": args.robot, "controller": args.controller, "config": spec.config_path,
+                   "robot_profile": profile.label,
                    "summary": summary, "seeds": [r.to_dict() for r in results], "wall_time_s": elapsed}
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")

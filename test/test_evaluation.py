@@ -141,3 +141,21 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "field 'robot'" in capsys.readouterr().err
     assert cli.main(["evaluate", "--robot", "pendubot", "--controller", str(tmp_path / "none.npz")]) == 2
     assert "no such policy file" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_cli_evaluate_robot_profile(tmp_path, capsys, pendubot_config):
+    out_json = tmp_path / "r.json"
+    code = cli.main(["evaluate", "--robot", "pendubot", "--controller", "zero", "--seeds", "2",
+                     "--robot-profile", "hardware_proxy", "--json", str(out_json)])
+    assert code == 0 and "robot profile hardware_proxy" in capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    assert data["robot_profile"] == "hardware_proxy" and data["seeds"][0]["robot_profile"] == "hardware_proxy"
+    # the same numbers as the protocol called with the profile, and not those of the nominal robot
+    proxy = evaluate_seed(ZeroController(), pendubot_config, 2, profile="hardware_proxy", keep_trajectory=False)
+    nominal = evaluate_seed(ZeroController(), pendubot_config, 2, keep_trajectory=False)
+    assert data["seeds"][0]["score"] == proxy.score and proxy.uptime != nominal.uptime
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("delay: -1.0\n")
+    assert cli.main(["evaluate", "--robot", "pendubot", "--robot-profile", str(bad)]) == 2
+    assert "field 'delay'" in capsys.readouterr().err

@@ -73,3 +73,30 @@ def test_nominal_protocol_replays_realaigym(robot):
     assert window_steps(result) == reference["windows"].tolist()
     up, score = score_line(robot, "nominal")
     assert result.uptime == pytest.approx(up, abs=1e-9) and result.score == pytest.approx(score, abs=1e-9)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("robot", ROBOTS)
+def test_noise_free_hardware_proxy_replays_realaigym(robot):
+    """model_1.0, 5 ms delay, motor responsiveness 0.9: the controller and the reset PID see the delayed state,
+    the PID's torques pass the motor model. Exact through the first window and the step after it; there RealAIGym's
+    motor model lets the passive joint's window torque decay (x 0.1 per step) while this robot gives the passive
+    joint exactly 0 outside the windows (the hardware rule), so the runs part from the next state on."""
+    reference = np.load(DATA / f"{robot}_proxy_nonoise_seed0_head.npz")
+    result = replay(robot, profile="hardware_proxy_nonoise")
+    traj = result.trajectory
+    start, steps = reference["windows"][0]
+    after = start + steps                       # 2084: the first step after the window
+    actuated, passive = (0, 1) if robot == "pendubot" else (1, 0)
+    np.testing.assert_allclose(traj.x[:after + 1], reference["x"][:after + 1], rtol=0.0, atol=1e-9)
+    np.testing.assert_allclose(traj.u[:after], reference["u"][:after], rtol=0.0, atol=1e-9)
+    # the step after the window: the actuated joint's lag from the PID's last torque matches ...
+    assert traj.u[after, actuated] == pytest.approx(reference["u"][after, actuated], abs=1e-9)
+    # ... the passive joint gets exactly 0 where RealAIGym's motor model leaves 0.1 x its last window torque
+    assert traj.u[after, passive] == 0.0
+    assert reference["u"][after, passive] == pytest.approx(0.1 * reference["u"][after - 1, passive], rel=1e-9)
+    assert abs(reference["u"][after, passive]) > 0.01
+    assert np.all(traj.u[traj.mode != 5, passive] == 0.0)
+    assert window_steps(result) == reference["windows"].tolist()
+    up, score = score_line(robot, "proxy_nonoise")
+    assert result.uptime == pytest.approx(up, abs=1e-9) and result.score == pytest.approx(score, abs=1e-9)

@@ -3,9 +3,11 @@ hand-computed steps."""
 
 import numpy as np
 import pytest
+import yaml
 
+from mcpilco_core.config import ConfigError
 from mcpilco_core.plant import GOAL
-from mcpilco_core.simulation import MODE_CODES, Imperfections, SimulatedRobot, Simulator
+from mcpilco_core.simulation import MODE_CODES, Imperfections, SimulatedRobot, Simulator, load_robot_profile
 
 
 class Greedy:
@@ -109,3 +111,86 @@ def test_noisy_runs_are_seeded(pendubot_plant):
                       rng=np.random.default_rng(seed)).run(Greedy(), GOAL, 0.05) for seed in (4, 4, 5)]
     np.testing.assert_array_equal(runs[0].x, runs[1].x)
     assert not np.array_equal(runs[0].x, runs[2].x)
+
+
+# ---------------------------------------------------------------- robot profiles
+
+
+def test_shipped_profiles(pendubot_config, acrobot_config):
+    nominal = load_robot_profile("nominal")
+    assert nominal.plant_parameters(pendubot_config) == pendubot_config.plant
+    assert nominal.imperfections(pendubot_config).is_ideal
+    proxy = load_robot_profile("hardware_proxy")
+    plant = proxy.plant_parameters(pendubot_config)
+    assert plant.name == "model_1.0" and plant.cf == (0.16, 0.12) and plant.Ir > 0
+    assert proxy.imperfections(pendubot_config) == Imperfections((0.0, 0.0, 0.05, 0.05), 0.005, 0.9, (0.02, 0.0))
+    assert proxy.imperfections(acrobot_config).torque_noise == (0.0, 0.02)   # on the actuated elbow
+    assert proxy.imperfections(pendubot_config).delay_steps(0.002) == 2
+    # perturbed: every parameter within +-10 % of model_1.0, drawn from the seed; NAME:SEED picks another robot
+    base = proxy.plant_parameters(pendubot_config)
+    draws = [load_robot_profile(spec).plant_parameters(pendubot_config) for spec in ("perturbed", "perturbed:0",
+                                                                                    "perturbed:1")]
+    assert draws[0] == draws[1] and draws[0] != draws[2]
+    for params in draws:
+        for key in ("m", "l", "r", "I", "Ir", "b", "cf"):
+            ours, nominal_value = np.atleast_1d(getattr(params, key)), np.atleast_1d(getattr(base, key))
+            assert np.all(np.abs(ours / nominal_value - 1.0) <= 0.1) and np.all(ours != nominal_value), key
+    assert load_robot_profile("perturbed:1").label == "perturbed:1"
+
+
+def test_from_profile_seeds_the_noise(pendubot_config):
+    runs = []
+    for seed in (3, 3, 4):
+        robot = SimulatedRobot.from_profile("hardware_proxy", pendubot_config, seed, x0=GOAL)
+        runs.append([robot.step((0.5, 0.0), "policy") for _ in range(20)])
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], runs[2])
+    # the documented generator: default_rng([profile seed, run seed]); the first 4 normals are step 0's noise
+    robot = SimulatedRobot.from_profile("hardware_proxy", pendubot_config, 3, x0=GOAL)
+    z = np.random.default_rng([0, 3]).standard_normal(4)
+    np.testing.assert_array_equal(robot.measurement(), GOAL + z * np.array([0.0, 0.0, 0.05, 0.05]))
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("delay", -0.001, "must be in"),
+    ("motor_responsiveness", 0.0, "must be in (0, 1]"),
+    ("motor_responsiveness", 1.5, "must be in (0, 1]"),
+    ("measurement_noise", [0.0, 0.1], "list of 4"),
+    ("measurement_noise[2]", "x", "finite number"),
+    ("torque_noise.actuated", -0.1, "must be in"),
+    ("torque_noise.elbow", 0.1, "unknown field"),
+    ("plant_model", "model_9", "not 'robot' nor a model"),
+    ("perturbation", 0.9, "must be in"),
+    ("seed", -1, "integer >= 0"),
+    ("lag", 0.9, "unknown field"),
+])
+def test_bad_profile_values_name_the_file_and_field(tmp_path, repo, field, value, problem):
+    data = yaml.safe_load((repo / "config" / "robot_profiles.yaml").read_text())
+    profile = data["profiles"]["hardware_proxy"]
+    key, _, index = field.partition("[")
+    if index:
+        profile[key][int(index[:-1])] = value
+    elif "." in key:
+        outer, inner = key.split(".")
+        profile[outer][inner] = value
+    else:
+        profile[key] = value
+    path = tmp_path / "robot_profiles.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (tmp_path / "plant_models.yaml").write_text((repo / "config" / "plant_models.yaml").read_text())
+    with pytest.raises(ConfigError) as info:
+        load_robot_profile("hardware_proxy", path)
+    assert str(path) in str(info.value) and f"field 'profiles.hardware_proxy.{field}'" in str(info.value)
+    assert problem in str(info.value)
+
+
+def test_profile_files_and_unknown_names(tmp_path, repo):
+    with pytest.raises(ConfigError, match=r"field 'profiles.hardware_proxi': unknown robot profile"):
+        load_robot_profile("hardware_proxi")
+    (tmp_path / "plant_models.yaml").write_text((repo / "config" / "plant_models.yaml").read_text())
+    own = tmp_path / "bench.yaml"
+    own.write_text("plant_model: model_1.0\ndelay: 0.004\n")
+    profile = load_robot_profile(own)
+    assert profile.name == "bench" and profile.delay == 0.004 and profile.plant_model == "model_1.0"
+    with pytest.raises(ConfigError, match="no such robot profile file"):
+        load_robot_profile(tmp_path / "missing.yaml")
