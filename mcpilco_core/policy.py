@@ -37,6 +37,7 @@ NPZ_MEMBERS = ("centers", "log_lengthscales", "weights", "metadata")
 MAX_FILE_BYTES = 64 * 2**20        # a policy file larger than this is refused before it is read
 MAX_MEMBER_BYTES = 16 * 2**20      # declared (uncompressed) size bound of each array the format needs
 MAX_ARRAY_ELEMENTS = 2**21         # elements of one array rebuilt from a RealAIGym pickle
+MAX_BASIS = 20_000                 # basis functions: more cannot be evaluated at the control rate
 STATE_BOX_SPEED = 100.0            # rad/s: the policy's output must be finite for every |dq| up to this
 MAX_CONTROL_PERIOD = 1.0           # s: a policy period above this is not a control period
 PERIOD_TOLERANCE = 1e-9            # s: a policy's period and the controller's must agree to this
@@ -127,6 +128,8 @@ def validate_policy(policy: SumOfGaussiansPolicy, source: str | Path = "<policy>
         raise PolicyError(f"{source}: log_lengthscales must have shape (6,), got {policy.log_lengthscales.shape}")
     if nb == 0:
         raise PolicyError(f"{source}: the policy has no basis functions")
+    if nb > MAX_BASIS:
+        raise PolicyError(f"{source}: {nb} basis functions, more than a controller evaluates in time ({MAX_BASIS})")
     for name in ("centers", "log_lengthscales", "weights"):
         if not np.all(np.isfinite(getattr(policy, name))):
             raise PolicyError(f"{source}: {name} contains NaN or infinite values")
@@ -181,7 +184,7 @@ def _check_finite_output(policy: SumOfGaussiansPolicy, source: str | Path) -> No
             corners = np.array([[0, 0, s1, s2] for s1 in (-STATE_BOX_SPEED, 0, STATE_BOX_SPEED)
                                 for s2 in (-STATE_BOX_SPEED, 0, STATE_BOX_SPEED)], dtype=float)
             states = np.concatenate([np.hstack([q, dq]), corners])
-            out = policy(states)
+            out = np.concatenate([policy(chunk) for chunk in np.array_split(states, 32)])  # bounded memory
             if not np.all(np.isfinite(out)):
                 problem = f"NaN/inf torque at state {states[~np.isfinite(out)][0].tolist()}"
     if problem:

@@ -31,12 +31,15 @@ The commanded JointState's ``header.frame_id`` carries the supervisor mode that 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from rclpy.task import Future
 from sensor_msgs.msg import JointState
 from std_srvs.srv import SetBool, Trigger
 
@@ -120,6 +123,7 @@ class ControllerNode(Node):
         self._last_state_rx = time.monotonic()
         self._last_mode = "idle"
         self._last_reload = ""
+        self._reload_pending = False        # a ~/reload_policy load is running in its worker thread
         self.exploration_amplitude = float(own["exploration.amplitude"])
         self.exploration_seed = int(own["exploration.seed"])
         if self.exploration_amplitude > self.config.torque_limit:
@@ -135,7 +139,10 @@ class ControllerNode(Node):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_subscription(JointState, "joint_states", self._on_state, CONTROL_QOS)
         self.create_service(SetBool, "~/enable", self._on_enable)
-        self.create_service(Trigger, "~/reload_policy", self._on_reload)
+        # its own callback group: while a reload loads in its worker thread, control goes on (and a second
+        # request is answered "in progress" at once)
+        self.create_service(Trigger, "~/reload_policy", self._on_reload,
+                            callback_group=ReentrantCallbackGroup())
         self.create_service(SetBool, "~/explore", self._on_explore)
         self.create_timer(max(0.002, self.watchdog_timeout / 4.0), self._check_watchdog)
         self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
@@ -153,20 +160,40 @@ class ControllerNode(Node):
         if path is None:
             return None, None, note
         try:
-            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit)
+            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit,
+                                 policy_period=self.config.policy_period)
         except PolicyError as exc:
             raise ParameterError(f"parameter 'policy': {exc}") from exc
         return policy, path, f"{note} {path}"
 
-    def _on_reload(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        """Validate the policy the parameter names, then swap it in (this callback runs between two steps)."""
-        start = time.perf_counter()
+    def _load_in_worker(self, value: str, done: Future) -> None:
+        """Resolve, read and validate the policy file (worker thread: never on the control path)."""
         try:
-            path, note = resolve_policy_path(str(self.get_parameter("policy").value))
+            path, note = resolve_policy_path(value)
             if path is None:
                 raise PolicyError(note)
-            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit)
-        except (PolicyError, ParameterError, OSError) as exc:
+            policy = load_policy(path, robot=self.config.robot, torque_limit=self.config.torque_limit,
+                                 policy_period=self.config.policy_period)
+            done.set_result((policy, path))
+        except BaseException as exc:  # noqa: BLE001 - handed to the service callback, which reports it
+            done.set_exception(exc)
+
+    async def _on_reload(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        """Load and validate the policy the parameter names in a worker thread while control goes on, then swap
+        it in between two control steps (this coroutine resumes in the executor thread). Any failure keeps the
+        running policy and the answer says why; the node never exits because of a policy file."""
+        start = time.perf_counter()
+        if self._reload_pending:
+            response.success = False
+            response.message = f"kept policy {self.policy_version}: a reload is already in progress"
+            return response
+        self._reload_pending = True
+        done = Future()
+        threading.Thread(target=self._load_in_worker, args=(str(self.get_parameter("policy").value), done),
+                         name="policy_reload", daemon=True).start()
+        try:
+            policy, path = await done
+        except Exception as exc:  # noqa: BLE001 - PolicyError, ParameterError, or anything a broken file provokes
             response.success = False
             response.message = f"kept policy {self.policy_version}: {exc}"
             self.get_logger().error(f"reload_policy refused: {response.message}")
@@ -178,6 +205,8 @@ class ControllerNode(Node):
             response.message = (f"loaded {path} (version {policy.version()}, was {old}) in "
                                 f"{(time.perf_counter() - start) * 1e3:.1f} ms")
             self.get_logger().info(f"reload_policy: {response.message}")
+        finally:
+            self._reload_pending = False
         self._last_reload = response.message
         return response
 
