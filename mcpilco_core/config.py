@@ -4,15 +4,22 @@ The robot files in ``config/`` are ROS 2 parameter files (``<node or /**>: ros__
 the ROS nodes can take them with ``--ros-args --params-file``; the non-ROS CLI reads the very same files
 through :func:`load_robot_config`. Every value is validated into a frozen dataclass, and every error
 names the file and the dotted field it is about.
+
+The schema is written once, on the dataclasses: each configurable field carries a :class:`Setting` (its
+meaning with the unit, its type and its valid range) made with :func:`setting`. The loaders here and in
+``hardware/config.py`` read and check every field through that metadata (:meth:`ConfigReader.settings`), and
+the ROS nodes generate their parameter declarations and descriptors from it (:func:`settings_of`,
+``mcpilco_ros/_ros_utils.py``), so a range is the same whether a file is read by the CLI or by a node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,8 @@ import yaml
 ROBOTS = ("pendubot", "acrobot")
 ACTUATED_JOINT = {"pendubot": 0, "acrobot": 1}
 JOINT_NAMES = ("shoulder", "elbow")
+# Parameters every ROS node has by itself; a params file may set them in any section.
+ROS_OWN_PARAMETERS = ("use_sim_time", "start_type_description_service")
 
 
 class ConfigError(ValueError):
@@ -34,11 +43,145 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Small validators (each raises ConfigError naming the field)
+# Field metadata: the schema, written once on the dataclasses
+
+_SETTING = "mcpilco.setting"
+_SECTION = "mcpilco.section"
 
 
-class _Reader:
-    """Reads typed values out of a nested mapping, remembering the file and the field path."""
+@dataclass(frozen=True)
+class Setting:
+    """What one configuration field means and which values it takes.
+
+    description: the meaning, with the unit. kind: ``float``, ``int``, ``bool``, ``str`` or ``tuple`` (a list of
+    ``length`` floats). low / high: bounds of a number, or of every element of a list (None: unbounded);
+    inclusive, except that ``low_open`` makes the lower bound exclusive (value > low, e.g. "positive").
+    choices: the only values allowed (strings, or e.g. ``(1, -1)``).
+    """
+
+    description: str
+    kind: type = float
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple[Any, ...] | None = None
+    length: int | None = None
+
+    def range_text(self) -> str:
+        """The bounds as an interval, e.g. ``(0.0, 50.0]`` or ``>= 0.0`` ('' when unbounded)."""
+        if self.low is not None and self.high is not None:
+            return f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"<= {self.high}" if self.high is not None else ""
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is outside the bounds or choices (None when it is fine)."""
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {list(self.choices)}"
+        below = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        if below and self.low == 0.0:
+            return "must be positive" if self.low_open else "must be non-negative"
+        if below or (self.high is not None and value > self.high):
+            text = self.range_text()
+            return f"must be in {text}" if self.low is not None and self.high is not None else f"must be {text}"
+        return None
+
+    def check(self, value: Any, source: str | Path | None, name: str) -> None:
+        """Raise ConfigError naming ``source`` and ``name`` when ``value`` is out of range."""
+        problem = self.problem(value)
+        if problem is not None:
+            raise ConfigError(source, name, f"{problem}, got {value!r}")
+
+
+def setting(description: str, default: Any = MISSING, *, kind: type | None = None, low: float | None = None,
+            high: float | None = None, positive: bool = False, choices: Sequence[Any] | None = None,
+            length: int | None = None) -> Any:
+    """A dataclass field with its :class:`Setting` (``positive``: low = 0, exclusive).
+
+    ``kind`` and ``length`` are taken from ``default`` when it is given (else ``kind`` is float).
+    """
+    if kind is None:
+        no_default = default is MISSING or default is None
+        kind = float if no_default else tuple if isinstance(default, tuple) else type(default)
+    if kind is tuple and length is None:
+        length = len(default)
+    if positive:
+        low = 0.0
+    info = Setting(description, kind, low, high, positive, tuple(choices) if choices is not None else None, length)
+    if default is MISSING:
+        return field(metadata={_SETTING: info})
+    return field(default=default, metadata={_SETTING: info})
+
+
+def section(cls: type, *, required: bool = False, keys: Sequence[str] | None = None,
+            optional_fields: bool = False) -> Any:
+    """A dataclass field holding the nested config ``cls`` (a mapping ``name: {...}`` in the file).
+
+    ``keys``: the field is a tuple with one ``cls`` per key (e.g. one per joint: ``joints.shoulder.*``).
+    ``optional_fields``: the section is used only when given (e.g. an inline ``plant``), so none of its fields
+    has a default in the schema.
+    """
+    metadata = {_SECTION: (cls, tuple(keys) if keys else None, optional_fields)}
+    if required or keys:
+        return field(metadata=metadata)
+    return field(default_factory=cls, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """One entry of a generated schema: dotted ``name``, ``default`` (``dataclasses.MISSING`` when the file
+    must give it) and its :class:`Setting`."""
+
+    name: str
+    default: Any
+    setting: Setting
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return MISSING
+
+
+def settings_of(cls: type, prefix: str = "", *, optional: bool = False) -> tuple[SettingField, ...]:
+    """Every setting of the dataclass ``cls``, nested sections flattened to dotted names (``lqr.R``).
+
+    ``optional``: report every default as MISSING (fields of a section that is used only when given).
+    """
+    out: list[SettingField] = []
+    for f in fields(cls):
+        if _SECTION in f.metadata:
+            sub, keys, optional_fields = f.metadata[_SECTION]
+            for key in keys or (None,):
+                name = f"{prefix}{f.name}." + (f"{key}." if key is not None else "")
+                out.extend(settings_of(sub, name, optional=optional or optional_fields))
+        elif _SETTING in f.metadata:
+            out.append(SettingField(prefix + f.name, MISSING if optional else _default(f), f.metadata[_SETTING]))
+    return tuple(out)
+
+
+def setting_keys(cls: type) -> list[str]:
+    """The keys a mapping for ``cls`` may hold: its settings and sections."""
+    return [f.name for f in fields(cls) if _SETTING in f.metadata or _SECTION in f.metadata]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading typed values (each raises ConfigError naming the file and the field)
+
+
+class ConfigReader:
+    """Reads typed values out of a nested mapping, remembering the file and the dotted field path.
+
+    Used by every loader of the package (robot, driver and training configs): ``source`` is the file named in
+    errors, ``prefix`` the dotted path of this mapping inside it.
+    """
 
     def __init__(self, data: Mapping[str, Any], source: str | Path | None, prefix: str = "") -> None:
         if not isinstance(data, Mapping):
@@ -48,19 +191,22 @@ class _Reader:
         self.prefix = prefix
 
     def name(self, key: str) -> str:
+        """The dotted field name of ``key`` in the file."""
         return f"{self.prefix}.{key}" if self.prefix else key
 
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def sub(self, key: str, required: bool = False) -> _Reader:
+    def sub(self, key: str, required: bool = False) -> ConfigReader:
+        """A reader of the nested mapping ``key`` (empty when absent and not ``required``)."""
         if key not in self.data:
             if required:
                 raise ConfigError(self.source, self.name(key), "missing")
-            return _Reader({}, self.source, self.name(key))
-        return _Reader(self.data[key], self.source, self.name(key))
+            return ConfigReader({}, self.source, self.name(key))
+        return ConfigReader(self.data[key], self.source, self.name(key))
 
     def raw(self, key: str, default: Any = ...) -> Any:
+        """The value as written (``default`` when absent; ``...``: required)."""
         if key not in self.data:
             if default is ...:
                 raise ConfigError(self.source, self.name(key), "missing")
@@ -104,7 +250,33 @@ class _Reader:
             raise ConfigError(self.source, self.name(key), f"expected true or false, got {value!r}")
         return value
 
+    def value(self, key: str, info: Setting, default: Any = ...) -> Any:
+        """``key`` read as ``info.kind`` and checked against ``info``'s range and choices."""
+        if info.kind is bool:
+            return self.boolean(key, default)
+        if info.kind is str:
+            return self.string(key, default, info.choices)
+        if info.kind is tuple:
+            values = self.vector(key, info.length or 0, default)
+            for i, v in enumerate(values):
+                info.check(v, self.source, f"{self.name(key)}[{i}]")
+            return values
+        value = self.integer(key, default) if info.kind is int else self.number(key, default)
+        info.check(value, self.source, self.name(key))
+        return value
+
+    def settings(self, cls: type, exclude: Sequence[str] = ()) -> dict[str, Any]:
+        """Every setting of the dataclass ``cls`` (not its sections, not ``exclude``), read and checked through
+        its metadata; absent ones take the dataclass default, or are an error when it has none."""
+        values = {}
+        for f in fields(cls):
+            if _SETTING in f.metadata and f.name not in exclude:
+                default = _default(f)
+                values[f.name] = self.value(f.name, f.metadata[_SETTING], ... if default is MISSING else default)
+        return values
+
     def reject_unknown(self, known: Sequence[str]) -> None:
+        """An error naming the first key that is not in ``known`` (a typo must not be ignored)."""
         for key in self.data:
             if key not in known:
                 raise ConfigError(self.source, self.name(str(key)), f"unknown key (known: {sorted(known)})")
@@ -180,38 +352,38 @@ class PlantParameters:
     """Physical parameters of the double pendulum (SI units; RealAIGym design C.1 conventions).
 
     m: link masses (kg); l: link lengths (m); r: centre-of-mass distances from the joint (m);
-    I: link inertias about the joint axes (kg m^2); Ir: motor rotor inertia (kg m^2); gr: gear ratio;
-    b: viscous friction (N m s/rad); cf: Coulomb friction (N m); g: gravity (m/s^2).
+    I: link inertias about the joint axes (kg m^2, at least m r^2); Ir: motor rotor inertia (kg m^2);
+    gr: gear ratio; b: viscous friction (N m s/rad); cf: Coulomb friction (N m); g: gravity (m/s^2).
     """
 
     name: str
-    m: tuple[float, float]
-    l: tuple[float, float]  # noqa: E741 - the paper's symbol
-    r: tuple[float, float]
-    I: tuple[float, float]  # noqa: E741
-    Ir: float
-    gr: float
-    b: tuple[float, float]
-    cf: tuple[float, float]
-    g: float
+    m: tuple[float, float] = setting("kg, link masses", kind=tuple, length=2, positive=True)
+    l: tuple[float, float] = setting("m, link lengths", kind=tuple, length=2, positive=True)  # noqa: E741
+    r: tuple[float, float] = setting("m, centre-of-mass distances from the joints", kind=tuple, length=2,
+                                     low=0.0)
+    I: tuple[float, float] = setting("kg m^2, link inertias about the joint axes (at least m r^2)",  # noqa: E741
+                                     kind=tuple, length=2, positive=True)
+    Ir: float = setting("kg m^2, motor rotor inertia", 0.0, low=0.0, high=1.0)
+    gr: float = setting("gear ratio of the motor", 1.0, positive=True, high=1000.0)
+    b: tuple[float, float] = setting("N m s/rad, viscous friction of the joints", (0.0, 0.0), low=0.0)
+    cf: tuple[float, float] = setting("N m, Coulomb friction of the joints", (0.0, 0.0), low=0.0)
+    g: float = setting("m/s^2, gravity", 9.81, positive=True, high=100.0)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], name: str, source: str | Path | None = None,
                      prefix: str = "") -> PlantParameters:
-        reader = _Reader(data, source, prefix)
-        reader.reject_unknown([f.name for f in fields(cls) if f.name != "name"])
-        return cls(
-            name=name,
-            m=reader.vector("m", 2, positive=True),  # type: ignore[arg-type]
-            l=reader.vector("l", 2, positive=True),  # type: ignore[arg-type]
-            r=reader.vector("r", 2, nonnegative=True),  # type: ignore[arg-type]
-            I=reader.vector("I", 2, positive=True),  # type: ignore[arg-type]
-            Ir=reader.number("Ir", 0.0, nonnegative=True),
-            gr=reader.number("gr", 1.0, positive=True),
-            b=reader.vector("b", 2, (0.0, 0.0), nonnegative=True),  # type: ignore[arg-type]
-            cf=reader.vector("cf", 2, (0.0, 0.0), nonnegative=True),  # type: ignore[arg-type]
-            g=reader.number("g", 9.81, positive=True),
-        )
+        reader = ConfigReader(data, source, prefix)
+        reader.reject_unknown(setting_keys(cls))
+        values = reader.settings(cls)
+        for i in range(2):
+            # the inertia about the joint axis is I_cm + m r^2 (parallel axes): below m r^2 the mass matrix
+            # is not positive definite and the dynamics have no solution
+            least = values["m"][i] * values["r"][i] ** 2
+            if values["I"][i] < least * (1.0 - 1e-12):
+                raise ConfigError(source, f"{reader.name('I')}[{i}]",
+                                  f"must be >= m*r^2 = {least:.6g} kg m^2 (the inertia about the joint axis "
+                                  f"includes the centre-of-mass offset), got {values['I'][i]}")
+        return cls(name=name, **values)
 
 
 def load_plant_parameters(path: str | Path, model: str) -> PlantParameters:
@@ -233,32 +405,38 @@ def load_plant_parameters(path: str | Path, model: str) -> PlantParameters:
 class LqrConfig:
     """LQR at the upright goal: weights of the continuous-time Riccati equation."""
 
-    Q_diag: tuple[float, float, float, float] = (0.97, 0.93, 0.39, 0.26)
-    R: float = 0.11
+    Q_diag: tuple[float, float, float, float] = setting(
+        "LQR state weights of q1, q2 (1/rad^2), dq1, dq2 (s^2/rad^2)", (0.97, 0.93, 0.39, 0.26), low=0.0, high=1e6)
+    R: float = setting("LQR torque weight, 1/(N m)^2", 0.11, positive=True, high=1e6)
 
 
 @dataclass(frozen=True)
 class RoaConfig:
     """Region-of-attraction estimate of the LQR by closed-loop simulation (see control/roa.py)."""
 
-    rho: float | None = None          # fixed value; None = estimate (cached)
-    samples: int = 2000               # initial states simulated
-    rho_max: float = 50.0             # largest sublevel value probed
-    horizon: float = 3.0              # s of closed-loop simulation per sample
-    converged_cost: float = 1e-3      # V(x_T) below this counts as stabilised
-    seed: int = 0
-    enter_fraction: float = 1.0       # switch to LQR when V < enter_fraction * rho
-    exit_fraction: float = 1.5        # leave LQR when V > exit_fraction * rho (hysteresis)
+    rho: float | None = setting("LQR region-of-attraction level V(x) < rho: 'auto' (estimated by simulation, "
+                                "cached) or a positive number", None, kind=float, positive=True, high=1e9)
+    samples: int = setting("initial states simulated for the ROA estimate", 2000, low=1, high=10_000_000)
+    rho_max: float = setting("largest ROA level probed", 50.0, positive=True, high=1e9)
+    horizon: float = setting("s of closed-loop simulation per ROA sample", 3.0, positive=True, high=600.0)
+    converged_cost: float = setting("cost-to-go V(x_T) below which a sample counts as stabilised", 1e-3,
+                                    positive=True, high=1e6)
+    seed: int = setting("random seed of the ROA estimate", 0, low=0, high=2**31 - 1)
+    enter_fraction: float = setting("the LQR takes over when V < enter_fraction * rho", 1.0, positive=True,
+                                    high=100.0)
+    exit_fraction: float = setting("the LQR hands back when V > exit_fraction * rho (hysteresis, "
+                                   ">= enter_fraction)", 1.5, positive=True, high=100.0)
 
 
 @dataclass(frozen=True)
 class DampingConfig:
     """Damping u = -gain * dq_actuated on the actuated joint while the pendulum spins too fast."""
 
-    enabled: bool = True
-    enter_speed: float = 20.0         # rad/s: max |dq| above this engages damping
-    exit_speed: float = 12.0          # rad/s: max |dq| below this releases it (hysteresis)
-    gain: float = 0.5                 # N m s/rad
+    enabled: bool = setting("damp the actuated joint while the pendulum spins too fast", True)
+    enter_speed: float = setting("rad/s, max |dq| above this engages damping", 20.0, positive=True, high=1e4)
+    exit_speed: float = setting("rad/s, max |dq| below this releases damping (<= enter_speed)", 12.0,
+                                positive=True, high=1e4)
+    gain: float = setting("N m s/rad, damping gain", 0.5, low=0.0, high=1e3)
 
 
 class RobotJoints:
@@ -275,19 +453,32 @@ class RobotJoints:
         return 1 - self.actuated_joint
 
 
+def robot_setting() -> Any:
+    """The ``robot`` field of the robot and driver configs."""
+    return setting("which robot: 'pendubot' (shoulder actuated) or 'acrobot' (elbow actuated)", kind=str,
+                   choices=ROBOTS)
+
+
+TORQUE_LIMIT_MAX = 50.0  # N m: no motor of the RealAIGym double pendulum comes near this
+
+
 @dataclass(frozen=True)
 class RobotConfig(RobotJoints):
     """Everything a controller needs to know about one robot; loaded by :func:`load_robot_config`."""
 
-    robot: str
-    plant: PlantParameters
-    torque_limit: float                       # N m on the actuated joint
-    policy_period: float = 0.02               # s (50 Hz)
-    control_period: float = 0.002             # s (state rate: LQR and damping)
-    u_max: float = 3.0                        # N m, policy output bound
-    lqr: LqrConfig = field(default_factory=LqrConfig)
-    roa: RoaConfig = field(default_factory=RoaConfig)
-    damping: DampingConfig = field(default_factory=DampingConfig)
+    robot: str = robot_setting()
+    plant: PlantParameters = section(PlantParameters, required=True, optional_fields=True)
+    torque_limit: float = setting("N m, torque limit of the actuated joint (the passive joint always gets 0)",
+                                  positive=True, high=TORQUE_LIMIT_MAX)
+    policy_period: float = setting("s, swing-up policy period (its output is held in between)", 0.02,
+                                   low=1e-4, high=1.0)
+    control_period: float = setting("s, state period: LQR and damping run on every state; the simulated "
+                                    "robot's RK4 step", 0.002, low=1e-4, high=0.1)
+    u_max: float = setting("N m, bound of the swing-up policy's output (<= torque_limit)", 3.0, positive=True,
+                           high=TORQUE_LIMIT_MAX)
+    lqr: LqrConfig = section(LqrConfig)
+    roa: RoaConfig = section(RoaConfig)
+    damping: DampingConfig = section(DampingConfig)
     source: str | None = None
 
     @property
@@ -306,6 +497,21 @@ class RobotConfig(RobotJoints):
 
 
 PLANT_MODELS_FILE = "plant_models.yaml"
+# Where the plant comes from when it is not given inline as ``plant: {m: ..., ...}``.
+PLANT_SOURCE_SETTINGS = (
+    SettingField("plant_model", MISSING, Setting("plant model name in plant_models_file (model_1.1 = simulation, "
+                                                 "model_1.0 = identified hardware); not needed with an inline "
+                                                 "plant", str)),
+    SettingField("plant_models_file", PLANT_MODELS_FILE,
+                 Setting("plant models YAML, relative to the robot file's directory", str)),
+)
+
+
+def robot_settings() -> tuple[SettingField, ...]:
+    """Every parameter a robot file may set (the ``/**`` section of ``config/<robot>.yaml``): the plant's
+    source, then the settings of :class:`RobotConfig` (an inline plant as the optional ``plant.*``)."""
+    own = settings_of(RobotConfig)
+    return own[:1] + PLANT_SOURCE_SETTINGS + own[1:]
 
 
 def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | None = None,
@@ -313,72 +519,61 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
     """Validate a (nested) parameter mapping into a :class:`RobotConfig`.
 
     ``plant_model`` names a model in ``plant_models_file`` (resolved relative to ``base_dir``), or
-    ``plant`` gives the parameters inline.
+    ``plant`` gives the parameters inline. An unknown key is an error naming it (a typo such as ``umax``
+    must not leave the default in force).
     """
-    reader = _Reader(params, source)
-    robot = reader.string("robot", choices=ROBOTS)
+    reader = ConfigReader(params, source)
+    reader.reject_unknown(setting_keys(RobotConfig) + [s.name for s in PLANT_SOURCE_SETTINGS]
+                          + list(ROS_OWN_PARAMETERS))
+    values = reader.settings(RobotConfig)
+    plant_source = {s.name: s for s in PLANT_SOURCE_SETTINGS}
     if reader.has("plant"):
-        plant = PlantParameters.from_mapping(reader.raw("plant"), reader.string("plant_model", "inline"),
-                                             source, "plant")
+        plant = PlantParameters.from_mapping(reader.raw("plant"),
+                                             reader.value("plant_model", plant_source["plant_model"].setting,
+                                                          "inline"), source, "plant")
     else:
-        model = reader.string("plant_model")
-        models_file = Path(reader.string("plant_models_file", PLANT_MODELS_FILE))
+        model = reader.value("plant_model", plant_source["plant_model"].setting)
+        models_file = Path(reader.value("plant_models_file", plant_source["plant_models_file"].setting,
+                                        PLANT_MODELS_FILE))
         if not models_file.is_absolute():
             models_file = Path(base_dir or ".") / models_file
         plant = load_plant_parameters(models_file, model)
-    torque_limit = reader.number("torque_limit", positive=True)
-    u_max = reader.number("u_max", 3.0, positive=True)
-    if u_max > torque_limit:
-        raise ConfigError(source, "u_max", f"policy bound {u_max} exceeds torque_limit {torque_limit}")
-    control_period = reader.number("control_period", 0.002, positive=True)
-    policy_period = reader.number("policy_period", 0.02, positive=True)
-    if policy_period < control_period:
+    if values["u_max"] > values["torque_limit"]:
+        raise ConfigError(source, "u_max", f"policy bound {values['u_max']} exceeds torque_limit "
+                                           f"{values['torque_limit']}")
+    if values["policy_period"] < values["control_period"]:
         raise ConfigError(source, "policy_period", "must not be shorter than control_period")
-    return RobotConfig(
-        robot=robot, plant=plant, torque_limit=torque_limit, policy_period=policy_period,
-        control_period=control_period, u_max=u_max,
-        lqr=_lqr_config(reader.sub("lqr")), roa=_roa_config(reader.sub("roa")),
-        damping=_damping_config(reader.sub("damping")),
-        source=str(source) if source is not None else None,
-    )
+    return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=_roa_config(reader.sub("roa")),
+                       damping=_damping_config(reader.sub("damping")),
+                       source=str(source) if source is not None else None, **values)
 
 
-def _lqr_config(reader: _Reader) -> LqrConfig:
-    reader.reject_unknown(["Q_diag", "R"])
-    default = LqrConfig()
-    return LqrConfig(Q_diag=reader.vector("Q_diag", 4, default.Q_diag, nonnegative=True),  # type: ignore[arg-type]
-                     R=reader.number("R", default.R, positive=True))
+def _section(reader: ConfigReader, key: str, cls: type) -> Any:
+    """The nested config ``cls`` from ``reader``'s mapping ``key``: unknown keys refused, settings checked."""
+    sub = reader.sub(key)
+    sub.reject_unknown(setting_keys(cls))
+    return cls(**sub.settings(cls))
 
 
-def _roa_config(reader: _Reader) -> RoaConfig:
-    reader.reject_unknown([f.name for f in fields(RoaConfig)])
-    d = RoaConfig()
+def _roa_config(reader: ConfigReader) -> RoaConfig:
+    reader.reject_unknown(setting_keys(RoaConfig))
+    values = reader.settings(RoaConfig, exclude=("rho",))
     rho = reader.raw("rho", None)
-    if rho in ("auto", None):
-        rho = None
+    if rho not in ("auto", None):
+        rho = reader.value("rho", RoaConfig.__dataclass_fields__["rho"].metadata[_SETTING])
     else:
-        rho = reader.number("rho", positive=True)
-    enter = reader.number("enter_fraction", d.enter_fraction, positive=True)
-    exit_ = reader.number("exit_fraction", d.exit_fraction, positive=True)
-    if exit_ < enter:
+        rho = None
+    if values["exit_fraction"] < values["enter_fraction"]:
         raise ConfigError(reader.source, reader.name("exit_fraction"), "must be >= enter_fraction")
-    return RoaConfig(rho=rho, samples=reader.integer("samples", d.samples, minimum=1),
-                     rho_max=reader.number("rho_max", d.rho_max, positive=True),
-                     horizon=reader.number("horizon", d.horizon, positive=True),
-                     converged_cost=reader.number("converged_cost", d.converged_cost, positive=True),
-                     seed=reader.integer("seed", d.seed, minimum=0),
-                     enter_fraction=enter, exit_fraction=exit_)
+    return RoaConfig(rho=rho, **values)
 
 
-def _damping_config(reader: _Reader) -> DampingConfig:
-    reader.reject_unknown([f.name for f in fields(DampingConfig)])
-    d = DampingConfig()
-    enter = reader.number("enter_speed", d.enter_speed, positive=True)
-    exit_ = reader.number("exit_speed", d.exit_speed, positive=True)
-    if exit_ > enter:
+def _damping_config(reader: ConfigReader) -> DampingConfig:
+    reader.reject_unknown(setting_keys(DampingConfig))
+    values = reader.settings(DampingConfig)
+    if values["exit_speed"] > values["enter_speed"]:
         raise ConfigError(reader.source, reader.name("exit_speed"), "must be <= enter_speed (hysteresis)")
-    return DampingConfig(enabled=reader.boolean("enabled", d.enabled), enter_speed=enter,
-                         exit_speed=exit_, gain=reader.number("gain", d.gain, nonnegative=True))
+    return DampingConfig(**values)
 
 
 def load_robot_config(path: str | Path, node: str | None = None) -> RobotConfig:

@@ -12,13 +12,13 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rclpy
-from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 from rclpy.exceptions import (
     InvalidParameterTypeException,
@@ -26,6 +26,7 @@ from rclpy.exceptions import (
     ParameterUninitializedException,
 )
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -33,14 +34,17 @@ from sensor_msgs.msg import JointState
 
 from mcpilco_core.config import (
     JOINT_NAMES,
+    ROS_OWN_PARAMETERS,
     ConfigError,
-    DampingConfig,
-    LqrConfig,
-    RoaConfig,
     RobotConfig,
+    SettingField,
+    read_yaml,
     robot_config_from_mapping,
+    robot_settings,
 )
 from mcpilco_core.paths import config_dir, policies_dir
+
+RCLError = _rclpy.RCLError  # what rclpy.init raises when rcl refuses its arguments
 
 # joint_states / joint_commands: reliable (a lost command is a lost control step) with a short queue
 # (an old state is worthless); compatible with best-effort subscribers too.
@@ -58,12 +62,20 @@ class ParameterError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Parameters
 
+_ROS_TYPES = {float: Parameter.Type.DOUBLE, int: Parameter.Type.INTEGER, str: Parameter.Type.STRING,
+              bool: Parameter.Type.BOOL}
+
 
 @dataclass(frozen=True)
 class ParamSpec:
     """One declared parameter: name, default (its type is the parameter's type), description (with
-    units) and an optional inclusive range. ``dynamic`` admits several types (e.g. ``roa.rho``:
-    "auto" or a number), validated by mcpilco_core instead of by ROS."""
+    units) and an optional inclusive range and set of choices.
+
+    ``length``: a list of that many finite numbers. ``default`` MISSING (``dataclasses.MISSING``): declared
+    with ``kind`` only, and left out of the values when
+    the params file does not set it (mcpilco_core then says it is missing, or uses what it means to be absent,
+    e.g. no inline plant). ``dynamic`` admits several types (e.g. ``roa.rho``: "auto" or a number; lists that
+    may be written as integers), validated by mcpilco_core instead of by ROS."""
 
     name: str
     default: Any
@@ -72,75 +84,76 @@ class ParamSpec:
     high: float | None = None
     dynamic: bool = False
     read_only: bool = True
+    kind: type | None = None
+    choices: tuple[Any, ...] | None = None
+    constraints: str = ""
+    length: int | None = None
 
     def descriptor(self) -> ParameterDescriptor:
         desc = ParameterDescriptor(description=self.description, read_only=self.read_only,
                                    dynamic_typing=self.dynamic)
+        kind = self.kind or type(self.default)
         if self.low is not None and self.high is not None and not self.dynamic:
-            if isinstance(self.default, bool):
-                pass
-            elif isinstance(self.default, int):
+            if kind is int:
                 desc.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=0)]
-            elif isinstance(self.default, float):
+            elif kind is float:
                 desc.floating_point_range = [FloatingPointRange(from_value=float(self.low),
                                                                 to_value=float(self.high), step=0.0)]
-            desc.additional_constraints = f"range [{self.low}, {self.high}]"
+        text = self.constraints or (f"range [{self.low}, {self.high}]" if self.low is not None
+                                    and self.high is not None else "")
+        if self.choices is not None:
+            text = "; ".join(t for t in (text, f"one of {list(self.choices)}") if t)
+        desc.additional_constraints = text
         return desc
 
+    def declare(self, node: Node) -> Any:
+        """Declare the parameter on ``node``; its value (None when it has no default and is not set)."""
+        desc = self.descriptor()
+        if self.default is not MISSING:
+            return node.declare_parameter(self.name, self.default, desc).value
+        if self.dynamic:
+            return node.declare_parameter(self.name, None, desc).value
+        return node.declare_parameter(self.name, _ROS_TYPES[self.kind or float], desc).value
 
-_LQR, _ROA, _DAMP = LqrConfig(), RoaConfig(), DampingConfig()
-_ROBOT_DEFAULTS = {f.name: f.default for f in fields(RobotConfig) if not callable(getattr(f, "default", None))}
 
-# The robot parameters of config/<robot>.yaml's ``/**`` section, defaults taken from the config dataclasses.
-ROBOT_PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("robot", "pendubot", "which robot: 'pendubot' (shoulder actuated) or 'acrobot' (elbow actuated)"),
-    ParamSpec("plant_model", "model_1.1", "plant model name in plant_models_file (model_1.0 = identified hardware)"),
-    ParamSpec("plant_models_file", "plant_models.yaml", "plant models YAML, relative to the package's config dir"),
-    ParamSpec("torque_limit", 6.0, "N m, torque limit of the actuated joint (the passive joint always gets 0)",
-              0.0, 50.0),
-    ParamSpec("u_max", float(_ROBOT_DEFAULTS["u_max"]), "N m, bound of the swing-up policy's output", 0.0, 50.0),
-    ParamSpec("policy_period", float(_ROBOT_DEFAULTS["policy_period"]),
-              "s, swing-up policy period (its output is held in between)", 1e-4, 1.0),
-    ParamSpec("control_period", float(_ROBOT_DEFAULTS["control_period"]),
-              "s, state period: LQR and damping run on every state; the simulated robot's RK4 step", 1e-4, 0.1),
-    ParamSpec("lqr.Q_diag", [float(v) for v in _LQR.Q_diag], "LQR state weights (4 non-negative numbers)"),
-    ParamSpec("lqr.R", float(_LQR.R), "LQR torque weight", 1e-9, 1e6),
-    ParamSpec("roa.rho", "auto", "LQR region-of-attraction level: 'auto' (estimated, cached) or a positive number",
-              dynamic=True),
-    ParamSpec("roa.samples", int(_ROA.samples), "initial states simulated for the ROA estimate", 1, 10_000_000),
-    ParamSpec("roa.rho_max", float(_ROA.rho_max), "largest ROA level probed", 0.0, 1e9),
-    ParamSpec("roa.horizon", float(_ROA.horizon), "s of closed-loop simulation per ROA sample", 0.0, 600.0),
-    ParamSpec("roa.converged_cost", float(_ROA.converged_cost), "cost-to-go counted as stabilised", 0.0, 1e6),
-    ParamSpec("roa.seed", int(_ROA.seed), "random seed of the ROA estimate", 0, 2**31 - 1),
-    ParamSpec("roa.enter_fraction", float(_ROA.enter_fraction), "LQR takes over when V < enter_fraction * rho",
-              0.0, 100.0),
-    ParamSpec("roa.exit_fraction", float(_ROA.exit_fraction), "LQR hands back when V > exit_fraction * rho",
-              0.0, 100.0),
-    ParamSpec("damping.enabled", bool(_DAMP.enabled), "damp the actuated joint while the pendulum spins too fast"),
-    ParamSpec("damping.enter_speed", float(_DAMP.enter_speed), "rad/s, max |dq| above this engages damping",
-              0.0, 1e4),
-    ParamSpec("damping.exit_speed", float(_DAMP.exit_speed), "rad/s, max |dq| below this releases damping",
-              0.0, 1e4),
-    ParamSpec("damping.gain", float(_DAMP.gain), "N m s/rad, damping gain", 0.0, 1e3),
-)
+def param_specs(settings: Iterable[SettingField]) -> tuple[ParamSpec, ...]:
+    """ParamSpecs generated from mcpilco_core's field metadata: the same description, range and choices the
+    YAML loaders enforce. Lists and optional values are dynamically typed and checked by mcpilco_core."""
+    specs = []
+    for field in settings:
+        info = field.setting
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        specs.append(ParamSpec(field.name, default, info.description, info.low, info.high,
+                               dynamic=info.kind is tuple or field.default is None, kind=info.kind,
+                               choices=info.choices, constraints=info.range_text()))
+    return tuple(specs)
 
 
 def declare(node: Node, specs: Iterable[ParamSpec]) -> dict[str, Any]:
-    """Declare ``specs`` on ``node`` and return their values; a bad override raises ParameterError."""
+    """Declare ``specs`` on ``node`` and return their values; a bad override raises ParameterError.
+
+    A parameter without a default that the params file does not set is left out of the values.
+    """
     values: dict[str, Any] = {}
     for spec in specs:
         try:
-            param = node.declare_parameter(spec.name, spec.default, spec.descriptor())
-            values[spec.name] = param.value
+            value = spec.declare(node)
         except InvalidParameterTypeException as exc:
-            expected = type(spec.default).__name__
+            expected = (spec.kind or type(spec.default)).__name__
             raise ParameterError(f"parameter '{spec.name}': wrong type ({exc}); expected {expected}"
                                  f"{' (write 6.0, not 6)' if expected == 'float' else ''}") from exc
         except InvalidParameterValueException as exc:
             raise ParameterError(f"parameter '{spec.name}': {_value_problem(exc)} "
-                                 f"(allowed range [{spec.low}, {spec.high}])") from exc
+                                 f"(allowed range {spec.constraints or [spec.low, spec.high]})") from exc
         except ParameterUninitializedException as exc:
             raise ParameterError(f"parameter '{spec.name}': not set") from exc
+        if value is None and spec.default is MISSING:
+            continue
+        if spec.choices is not None and value not in spec.choices:
+            raise ParameterError(f"parameter '{spec.name}': must be one of {list(spec.choices)}, got {value!r}")
+        if spec.length is not None and (len(value) != spec.length or not all(math.isfinite(v) for v in value)):
+            raise ParameterError(f"parameter '{spec.name}': expected {spec.length} finite numbers, got {list(value)}")
+        values[spec.name] = value
     return values
 
 
@@ -149,14 +162,16 @@ def _value_problem(exc: Exception) -> str:
     return text.split("\n")[0]
 
 
-def warn_unknown_overrides(node: Node, known: Iterable[str]) -> list[str]:
-    """Log (and return) overrides from the params file that no declared parameter takes: likely typos."""
+def refuse_unknown_overrides(node: Node) -> None:
+    """Refuse overrides (params file, ``-p``) that no declared parameter takes: a typo such as ``umax`` must not
+    leave the default in force. ROS's own parameters and ``qos_overrides.*`` are fine."""
     overrides = getattr(node, "_parameter_overrides", {}) or {}
-    known_set = set(known) | {"use_sim_time", "start_type_description_service"}
-    unknown = sorted(name for name in overrides if name not in known_set)
+    unknown = sorted(name for name in overrides
+                     if not node.has_parameter(name) and name not in ROS_OWN_PARAMETERS
+                     and not name.startswith("qos_overrides."))
     if unknown:
-        node.get_logger().warning(f"ignoring unknown parameters (typos?): {unknown}")
-    return unknown
+        others = f"; also unknown: {unknown[1:]}" if len(unknown) > 1 else ""
+        raise ParameterError(f"parameter '{unknown[0]}': unknown to {node.get_name()} (a typo?){others}")
 
 
 def nest(flat: Mapping[str, Any]) -> dict:
@@ -171,6 +186,15 @@ def nest(flat: Mapping[str, Any]) -> dict:
     return nested
 
 
+def validated(build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)`` with a ConfigError from mcpilco_core's validation turned into a ParameterError naming
+    the parameter (its dotted field)."""
+    try:
+        return build(*args)
+    except ConfigError as exc:
+        raise ParameterError(f"parameter '{exc.field}': {exc.problem}") from exc
+
+
 def robot_config_from_parameters(values: Mapping[str, Any]) -> RobotConfig:
     """Validate the declared robot parameters into a RobotConfig (same rules as the YAML/CLI path).
 
@@ -178,12 +202,59 @@ def robot_config_from_parameters(values: Mapping[str, Any]) -> RobotConfig:
     with the CLI (the cache is keyed by the configuration's fingerprint, so different values never collide).
     """
     base = config_dir()
-    robot = values.get("robot")
-    source = base / f"{robot}.yaml"
-    try:
-        return robot_config_from_mapping(nest(values), source, base)
-    except ConfigError as exc:
-        raise ParameterError(f"parameter '{exc.field}': {exc.problem}") from exc
+    return validated(robot_config_from_mapping, nest(values), base / f"{values.get('robot')}.yaml", base)
+
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """The parameters generated from one config dataclass, and how their values become that config."""
+
+    parameters: tuple[ParamSpec, ...]
+    build: Callable[[Mapping[str, Any]], Any]
+
+
+# The robot parameters of config/<robot>.yaml's ``/**`` section, generated from the metadata of
+# mcpilco_core.config's dataclasses (the moteus driver's come the same way from mcpilco_core.hardware.config).
+ROBOT_PARAMETERS: tuple[ParamSpec, ...] = param_specs(robot_settings())
+ROBOT_SCHEMA = ConfigSchema(ROBOT_PARAMETERS, robot_config_from_parameters)
+
+
+class ConfiguredNode(Node):
+    """The one preamble of the package's nodes.
+
+    Declares the parameters of ``schema`` (the robot's, or the moteus driver's) and the node's ``own``
+    ParamSpecs, refuses overrides that none of them takes, validates the config into ``self.config`` (or takes
+    ``config`` as given) and keeps the own values in ``self.p``. Creates the ``diagnostics`` publisher, and the
+    ``done`` event and ``exit_code`` that :func:`run_node` watches. Bad parameters raise ParameterError naming
+    the parameter.
+    """
+
+    def __init__(self, name: str, own: Sequence[ParamSpec], schema: ConfigSchema = ROBOT_SCHEMA,
+                 config: Any = None, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.title = name
+        values = declare(self, schema.parameters)
+        self.p = declare(self, own)
+        refuse_unknown_overrides(self)
+        self.config = config if config is not None else schema.build(values)
+        self.done = threading.Event()   # run_node() leaves when set
+        self.exit_code = 0
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+
+    def diagnostics_array(self, statuses: Sequence[DiagnosticStatus], stamp: Any = None) -> DiagnosticArray:
+        """A DiagnosticArray of ``statuses`` stamped ``stamp`` (default: now)."""
+        array = DiagnosticArray()
+        array.header.stamp = stamp if stamp is not None else self.get_clock().now().to_msg()
+        array.status = list(statuses)
+        return array
+
+    def publish_status(self, what: str, level: int, message: str, values: Mapping[str, Any]) -> None:
+        """Publish one status ``"<node>: <what>"`` (hardware id: the robot) on ``diagnostics``."""
+        self.diagnostics_pub.publish(self.diagnostics_array(
+            [status(f"{self.title}: {what}", self.config.robot, level, message, values)]))
+
+    def on_shutdown(self) -> None:
+        """Called by :func:`run_node` while the context is still up (e.g. to publish a zero command)."""
 
 
 def resolve_policy_path(value: str) -> tuple[Path | None, str]:
@@ -324,15 +395,44 @@ class RingStats:
 # main()
 
 
-def run_node(factory: Callable[[], Node], program: str, args: list[str] | None = None,
-             on_shutdown: Callable[[Node], None] | None = None) -> int:
+def check_params_files(args: Sequence[str]) -> None:
+    """Read every ``--params-file`` of ``args`` before rcl does: a missing or malformed file (or one without
+    the ``<node>: ros__parameters: {...}`` layout) raises ConfigError naming the file, instead of rcl's
+    RCLError traceback."""
+    ros_args = False
+    for i, arg in enumerate(args):
+        if arg == "--ros-args":
+            ros_args = True
+        elif arg == "--":
+            ros_args = False
+        elif ros_args and arg == "--params-file" and i + 1 < len(args):
+            path = args[i + 1]
+            data = read_yaml(path)
+            if not isinstance(data, Mapping) or not data:
+                raise ConfigError(path, "<root>", "expected a mapping '<node name or /**>: {ros__parameters: {...}}'")
+            for node, section in data.items():
+                params = section.get("ros__parameters") if isinstance(section, Mapping) else None
+                if not isinstance(params, Mapping):
+                    raise ConfigError(path, str(node), "expected 'ros__parameters:' holding a mapping of parameters")
+
+
+def run_node(factory: Callable[[], Node], program: str, args: list[str] | None = None) -> int:
     """Create the node, spin a SingleThreadedExecutor until SIGINT/SIGTERM or the node asks to stop.
 
-    Our own signal handlers (not rclpy's) let ``on_shutdown`` still publish (e.g. a zero command) before
-    the context goes down. Returns the exit code: 0, or 2 when the node refused its parameters.
+    Our own signal handlers (not rclpy's) let the node's ``on_shutdown()`` still publish (e.g. a zero command)
+    before the context goes down. Returns the exit code: 0, or 2 when the node refused its parameters or a
+    params file (named in the message on stderr).
     """
-    rclpy.init(args=args if args is not None else sys.argv,
-               signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
+    args = list(args if args is not None else sys.argv)
+    try:
+        check_params_files(args)
+        rclpy.init(args=args, signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
+    except (ConfigError, RCLError) as exc:
+        # a ConfigError names the file (and the YAML error its line); of rcl's own message the first line does
+        reason = " ".join(str(exc).split()) if isinstance(exc, ConfigError) else str(exc).splitlines()[0]
+        print(f"{program}: refusing to start: {reason}", file=sys.stderr, flush=True)
+        rclpy.try_shutdown()
+        return 2
     stop = threading.Event()
 
     def _handler(signum: int, frame: Any) -> None:
@@ -354,8 +454,8 @@ def run_node(factory: Callable[[], Node], program: str, args: list[str] | None =
         while not stop.is_set() and rclpy.ok() and not (done is not None and done.is_set()):
             executor.spin_once(timeout_sec=0.1)
         code = int(getattr(node, "exit_code", 0))
-        if on_shutdown is not None and rclpy.ok():
-            on_shutdown(node)
+        if rclpy.ok() and hasattr(node, "on_shutdown"):
+            node.on_shutdown()
     finally:
         if executor is not None:
             executor.shutdown()
@@ -367,7 +467,8 @@ def run_node(factory: Callable[[], Node], program: str, args: list[str] | None =
     return code
 
 
-__all__ = ["CONTROL_QOS", "ERROR", "OK", "ParamSpec", "Parameter", "ParameterError", "ROBOT_PARAMETERS",
-           "RingStats", "WARN", "command_message", "declare", "effort_from_message", "joint_order", "nest",
+__all__ = ["CONTROL_QOS", "ERROR", "OK", "ROBOT_PARAMETERS", "ROBOT_SCHEMA", "ConfigSchema", "ConfiguredNode",
+           "ParamSpec", "Parameter", "ParameterError", "RingStats", "WARN", "check_params_files", "command_message",
+           "declare", "effort_from_message", "joint_order", "nest", "param_specs", "refuse_unknown_overrides",
            "resolve_policy_path", "robot_config_from_parameters", "run_node", "stamp_ns", "state_from_message",
-           "status", "warn_unknown_overrides"]
+           "status", "validated"]

@@ -36,9 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.node import Node
 from rclpy.task import Future
 from sensor_msgs.msg import JointState
 from std_srvs.srv import SetBool, Trigger
@@ -51,20 +49,16 @@ from ._ros_utils import (
     CONTROL_QOS,
     ERROR,
     OK,
-    ROBOT_PARAMETERS,
     WARN,
+    ConfiguredNode,
     ParameterError,
     ParamSpec,
     RingStats,
     command_message,
-    declare,
     resolve_policy_path,
-    robot_config_from_parameters,
     run_node,
     stamp_ns,
     state_from_message,
-    status,
-    warn_unknown_overrides,
 )
 
 NODE_NAME = "controller_node"
@@ -91,15 +85,12 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
 OVERRIDING_MODES = ("damping", "safe")
 
 
-class ControllerNode(Node):
+class ControllerNode(ConfiguredNode):
     """See the module docstring. Raises ParameterError (or ConfigError/PolicyError) on bad parameters."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(NODE_NAME, **kwargs)
-        values = declare(self, ROBOT_PARAMETERS)
-        own = declare(self, CONTROLLER_PARAMETERS)
-        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + CONTROLLER_PARAMETERS])
-        self.config = robot_config_from_parameters(values)
+        super().__init__(NODE_NAME, CONTROLLER_PARAMETERS, **kwargs)
+        own = self.p
         self.watchdog_timeout = float(own["watchdog_timeout"])
         self.warn_throttle = float(own["warn_throttle"])
 
@@ -136,7 +127,6 @@ class ControllerNode(Node):
             self._set_exploring(True)
 
         self.command_pub = self.create_publisher(JointState, "joint_commands", CONTROL_QOS)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_subscription(JointState, "joint_states", self._on_state, CONTROL_QOS)
         self.create_service(SetBool, "~/enable", self._on_enable)
         # its own callback group: while a reload loads in its worker thread, control goes on (and a second
@@ -353,20 +343,17 @@ class ControllerNode(Node):
                   "exploration_amplitude": self.exploration_amplitude, "exploration_seed": self.exploration_seed,
                   "exploration_runs": self.exploration_runs}
         values.update({f"refused_{k}": v for k, v in self.refused.items()})
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [status(f"{NODE_NAME}: controller", self.config.robot, level, message, values)]
-        self.diagnostics_pub.publish(array)
+        self.publish_status("controller", level, message, values)
 
-
-def _zero_on_exit(node: Node) -> None:
-    if isinstance(node, ControllerNode) and node.armed:
-        node._publish_zero()
+    def on_shutdown(self) -> None:
+        """A zero command on the way out when armed."""
+        if self.armed:
+            self._publish_zero()
 
 
 def main(args: list[str] | None = None) -> int:
     """Console script ``controller_node``; exits 2 with the reason when its parameters are invalid."""
-    return run_node(ControllerNode, NODE_NAME, args, on_shutdown=_zero_on_exit)
+    return run_node(ControllerNode, NODE_NAME, args)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
 import time
 
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
-from mcpilco_core.config import JOINT_NAMES, ConfigError
+from mcpilco_core.config import JOINT_NAMES, settings_of
 from mcpilco_core.hardware import (
     DriverRunner,
     DriverSample,
@@ -38,7 +36,7 @@ from mcpilco_core.hardware import (
     fault_name,
     mode_name,
 )
-from mcpilco_core.hardware.config import DriverConfig, JointDriverConfig, TransportConfig
+from mcpilco_core.hardware.config import DriverConfig
 from mcpilco_core.hardware.transport import TransportError
 
 from ._ros_utils import (
@@ -46,71 +44,39 @@ from ._ros_utils import (
     ERROR,
     OK,
     WARN,
-    ParameterError,
+    ConfigSchema,
+    ConfiguredNode,
     ParamSpec,
-    declare,
     effort_from_message,
     nest,
+    param_specs,
     run_node,
     status,
-    warn_unknown_overrides,
+    validated,
 )
 
 NODE_NAME = "moteus_driver_node"
-_T, _J = TransportConfig(), JointDriverConfig("", 1)
 
-DRIVER_PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("robot", "pendubot", "pendubot (shoulder actuated) or acrobot (elbow actuated)"),
-    ParamSpec("rate", 500.0, "Hz, CAN cycles and joint_states messages", 1.0, 5000.0),
-    ParamSpec("command_timeout", 0.05, "s without fresh joint_commands -> zero torque", 1e-3, 10.0),
-    ParamSpec("watchdog_timeout", 0.05, "s, moteus firmware watchdog sent with every torque command", 1e-3, 10.0),
-    ParamSpec("damping_gain", 0.5, "N m s/rad on the actuated joint after a limit violation", 0.0, 100.0),
-    ParamSpec("damping_duration", 1.0, "s of damping after a limit violation, then stop", 0.0, 60.0),
-    ParamSpec("diagnostics_period", 0.5, "s between diagnostics messages", 0.01, 60.0),
-    ParamSpec("transport.kind", _T.kind, "socketcan | pythoncan | fdcanusb | pi3hat | auto"),
-    ParamSpec("transport.channel", _T.channel, "python-can / SocketCAN channel"),
-    ParamSpec("transport.interface", _T.interface, "python-can interface (kind pythoncan)"),
-    ParamSpec("transport.path", _T.path, "fdcanusb serial device ('' = autodetect)"),
-    ParamSpec("transport.pi3hat_bus", _T.pi3hat_bus, "pi3hat CAN bus of both controllers", 1, 5),
-    ParamSpec("transport.disable_brs", _T.disable_brs, "turn CAN-FD bit-rate switching off"),
-    ParamSpec("transport.can_timeout", _T.can_timeout, "s, bound of every CAN transaction", 1e-4, 10.0),
-    ParamSpec("transport.max_consecutive_timeouts", _T.max_consecutive_timeouts,
-              "CAN timeouts in a row before both motors stop", 1, 1000),
-) + tuple(
-    spec for index, name in enumerate(JOINT_NAMES) for spec in (
-        ParamSpec(f"joints.{name}.can_id", index + 1, "moteus CAN id", 1, 126),
-        ParamSpec(f"joints.{name}.direction", 1, "+1 or -1: sign moteus output -> joint angle", -1, 1),
-        ParamSpec(f"joints.{name}.position_offset", 0.0, "rad, joint angle when the controller reads 0 rev"),
-        ParamSpec(f"joints.{name}.gear_ratio", _J.gear_ratio, "reduction moteus output -> joint", 1e-6, 1e6),
-        ParamSpec(f"joints.{name}.torque_limit", 0.0, "N m at the joint (0 for the passive joint)", 0.0, 100.0),
-        ParamSpec(f"joints.{name}.velocity_limit", _J.velocity_limit, "rad/s, damping then stop above", 0.0, 1e4),
-        ParamSpec(f"joints.{name}.position_limit", _J.position_limit, "rad (multi-turn), damping then stop above",
-                  0.0, 1e6),
-    ))
+# Generated from the metadata of mcpilco_core.hardware.config's dataclasses: the ranges hw-check enforces.
+DRIVER_PARAMETERS: tuple[ParamSpec, ...] = param_specs(settings_of(DriverConfig))
 
 
 def driver_config_from_parameters(values: dict) -> DriverConfig:
     """Validate the declared parameters with the same rules as the YAML path (errors name the parameter)."""
-    try:
-        return driver_config_from_mapping(nest(values), f"<parameters of {NODE_NAME}>")
-    except ConfigError as exc:
-        raise ParameterError(f"parameter '{exc.field}': {exc.problem}") from exc
+    return validated(driver_config_from_mapping, nest(values), f"<parameters of {NODE_NAME}>")
 
 
-class MoteusDriverNode(Node):
+DRIVER_SCHEMA = ConfigSchema(DRIVER_PARAMETERS, driver_config_from_parameters)
+
+
+class MoteusDriverNode(ConfiguredNode):
     """See the module docstring."""
 
-    def __init__(self, driver: MoteusDriver | None = None) -> None:
-        super().__init__(NODE_NAME, automatically_declare_parameters_from_overrides=False)
-        values = declare(self, DRIVER_PARAMETERS)
-        warn_unknown_overrides(self, values)
-        self.config = driver_config_from_parameters(values) if driver is None else driver.config
-        self.done = threading.Event()
-        self.exit_code = 0
+    def __init__(self, driver: MoteusDriver | None = None, **kwargs) -> None:
+        super().__init__(NODE_NAME, (), DRIVER_SCHEMA, driver.config if driver is not None else None, **kwargs)
         self.refused_commands = 0
         self._last_diagnostics = 0.0
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
-        self.diag_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
         self.create_service(Trigger, "~/stop", self._on_stop)
         self.create_timer(0.1, self._watch_runner)
@@ -156,39 +122,37 @@ class MoteusDriverNode(Node):
         self.state_pub.publish(msg)
         if sample.monotonic - self._last_diagnostics >= self.config.diagnostics_period:
             self._last_diagnostics = sample.monotonic
-            self.diag_pub.publish(self.diagnostics(sample))
+            self.diagnostics_pub.publish(self.diagnostics(sample))
 
     def diagnostics(self, sample: DriverSample) -> DiagnosticArray:
         """Loop status (safety state, timing) and one status per motor (mode, fault, temperature, voltage)."""
-        array = DiagnosticArray()
-        array.header.stamp = msg_stamp(sample.stamp_ns)
         decision, loop = sample.decision, self.driver.stats.summary()
         level = {SafetyState.ACTIVE: OK, SafetyState.WAITING: OK, SafetyState.FAULT: ERROR}.get(decision.state, WARN)
         values = {"state": decision.state.value, "reason": decision.reason, "refused_commands": self.refused_commands,
                   "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate}
         values.update({k: loop.get(k, math.nan) for k in ("rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles",
                                                           "can_timeouts", "rtt_p50_ms", "rtt_p99_ms", "cycles")})
-        array.status.append(status(f"{NODE_NAME}: loop", self.config.transport.describe(), level,
-                                   decision.reason or decision.state.value, values))
+        statuses = [status(f"{NODE_NAME}: loop", self.config.transport.describe(), level,
+                           decision.reason or decision.state.value, values)]
         for joint, motor in zip(self.config.joints, sample.motors):
             bad = motor.mode in (1, 11)
-            array.status.append(status(
+            statuses.append(status(
                 f"{NODE_NAME}: {joint.name}", f"moteus id {joint.can_id}", ERROR if bad else OK,
                 f"{mode_name(motor.mode)}" + (f", fault {fault_name(motor.fault)}" if motor.fault else ""),
                 {"mode": motor.mode, "mode_name": mode_name(motor.mode), "fault": motor.fault,
                  "fault_name": fault_name(motor.fault), "temperature_C": motor.temperature,
                  "voltage_V": motor.voltage, "position_rev": motor.position, "velocity_rev_s": motor.velocity,
                  "torque_Nm": motor.torque, "replied": motor.replied}))
-        return array
+        return self.diagnostics_array(statuses, msg_stamp(sample.stamp_ns))
 
     # ------------------------------------------------------------------ exit paths
-    def stop_driver(self) -> None:
+    def on_shutdown(self) -> None:
         """End the loop; the runner stops both motors on the way out."""
         if self.runner.is_alive():
             self.runner.stop()
 
     def destroy_node(self) -> None:
-        self.stop_driver()
+        self.on_shutdown()
         super().destroy_node()
 
 
@@ -199,7 +163,7 @@ def msg_stamp(stamp_ns: int) -> Time:
 
 
 def main(args: list[str] | None = None) -> int:
-    return run_node(MoteusDriverNode, NODE_NAME, args, on_shutdown=lambda node: node.stop_driver())
+    return run_node(MoteusDriverNode, NODE_NAME, args)
 
 
 if __name__ == "__main__":

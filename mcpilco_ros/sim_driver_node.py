@@ -32,8 +32,6 @@ from pathlib import Path
 
 import numpy as np
 from builtin_interfaces.msg import Time
-from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
@@ -46,18 +44,13 @@ from ._ros_utils import (
     CONTROL_QOS,
     ERROR,
     OK,
-    ROBOT_PARAMETERS,
     WARN,
-    ParameterError,
+    ConfiguredNode,
     ParamSpec,
     RingStats,
-    declare,
     effort_from_message,
-    robot_config_from_parameters,
     run_node,
     stamp_ns,
-    status,
-    warn_unknown_overrides,
 )
 
 NODE_NAME = "sim_driver_node"
@@ -66,8 +59,8 @@ WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes an unanswered state 
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
-              "command answering the latest state; deterministic)"),
-    ParamSpec("initial_state", [0.0, 0.0, 0.0, 0.0], "initial state q1, q2 (rad), dq1, dq2 (rad/s)"),
+              "command answering the latest state; deterministic)", choices=MODES),
+    ParamSpec("initial_state", [0.0, 0.0, 0.0, 0.0], "initial state q1, q2 (rad), dq1, dq2 (rad/s)", length=4),
     ParamSpec("command_timeout", 0.02, "s, commands older than this are stale: zero torque", 0.001, 10.0),
     ParamSpec("lockstep_timeout", 0.1, "s of wall time to wait for the answer to a state (lockstep) before "
               "stepping with zero torque", 0.001, 60.0),
@@ -83,23 +76,14 @@ SIM_PARAMETERS: tuple[ParamSpec, ...] = (
 )
 
 
-class SimDriverNode(Node):
+class SimDriverNode(ConfiguredNode):
     """See the module docstring. Raises ParameterError on bad parameters."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(NODE_NAME, **kwargs)
-        import threading
-
-        values = declare(self, ROBOT_PARAMETERS)
-        own = declare(self, SIM_PARAMETERS)
-        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + SIM_PARAMETERS])
-        self.config = robot_config_from_parameters(values)
+        super().__init__(NODE_NAME, SIM_PARAMETERS, **kwargs)
+        own = self.p
         self.mode = str(own["mode"])
-        if self.mode not in MODES:
-            raise ParameterError(f"parameter 'mode': must be one of {list(MODES)}, got {self.mode!r}")
         x0 = [float(v) for v in own["initial_state"]]
-        if len(x0) != 4 or not all(math.isfinite(v) for v in x0):
-            raise ParameterError(f"parameter 'initial_state': expected 4 finite numbers, got {x0}")
         self.plant = DoublePendulum(self.config.plant)
         self.dt = float(self.config.control_period)
         self._dt_ns = int(round(self.dt * 1e9))
@@ -113,8 +97,6 @@ class SimDriverNode(Node):
         self.duration = float(own["duration"])
         self.record_file = str(own["record_file"])
         self.exit_when_done = bool(own["exit_when_done"])
-        self.done = threading.Event()   # run_node() leaves when set
-        self.exit_code = 0
 
         self.finished = False
         self.started = self.mode == "realtime"
@@ -137,7 +119,6 @@ class SimDriverNode(Node):
                                     override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), record=self._record)
 
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
         self.create_service(Trigger, "~/stop", self._on_stop)
         if self.mode == "realtime":
@@ -291,10 +272,7 @@ class SimDriverNode(Node):
                   "rate_hz": 1e3 / period["mean"] if period["mean"] == period["mean"] else math.nan,
                   "period_p50_ms": period["p50"], "period_p99_ms": period["p99"], "period_max_ms": period["max"]}
         values.update(self.counters)
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [status(f"{NODE_NAME}: simulated robot", self.config.robot, level, message, values)]
-        self.diagnostics_pub.publish(array)
+        self.publish_status("simulated robot", level, message, values)
 
 
 def main(args: list[str] | None = None) -> int:

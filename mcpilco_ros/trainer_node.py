@@ -28,7 +28,6 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
-from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import JointState
@@ -37,19 +36,7 @@ from std_srvs.srv import Trigger
 from mcpilco_core import recording
 from mcpilco_core.paths import config_dir
 
-from ._ros_utils import (
-    ERROR,
-    OK,
-    ROBOT_PARAMETERS,
-    WARN,
-    ParameterError,
-    ParamSpec,
-    declare,
-    robot_config_from_parameters,
-    run_node,
-    status,
-    warn_unknown_overrides,
-)
+from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, run_node
 
 NODE_NAME = "trainer_node"
 
@@ -60,7 +47,7 @@ TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("session_dir", "sessions/current", "session directory: one bag per trial + session.yaml"),
     ParamSpec("extra_sessions", "", "comma-separated earlier session directories that retraining also uses"),
     ParamSpec("notes", "", "free text stored in session.yaml"),
-    ParamSpec("storage", "mcap", "bag storage: mcap or sqlite3"),
+    ParamSpec("storage", "mcap", "bag storage: mcap or sqlite3", choices=tuple(recording.STORAGES)),
     ParamSpec("bag_version", 9, "rosbag2 metadata version: 9 (Jazzy and newer) or 8 (readable by Humble)", 8, 9),
     ParamSpec("trial_duration", 0.0, "s; a trial stops by itself after this long (0 = at ~/stop_trial)",
               0.0, 86400.0),
@@ -79,17 +66,11 @@ TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
 )
 
 
-class TrainerNode(Node):
+class TrainerNode(ConfiguredNode):
     """See the module docstring. Raises ParameterError on bad parameters."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(NODE_NAME, **kwargs)
-        values = declare(self, ROBOT_PARAMETERS)
-        self.p = declare(self, TRAINER_PARAMETERS)
-        warn_unknown_overrides(self, [s.name for s in ROBOT_PARAMETERS + TRAINER_PARAMETERS])
-        self.config = robot_config_from_parameters(values)
-        if self.p["storage"] not in recording.STORAGES:
-            raise ParameterError(f"parameter 'storage': must be one of {list(recording.STORAGES)}")
+        super().__init__(NODE_NAME, TRAINER_PARAMETERS, **kwargs)
         self.train_config = Path(self.p["train_config"] or config_dir() / f"train_{self.config.robot}.yaml")
         if not self.train_config.is_file():
             raise ParameterError(f"parameter 'train_config': {self.train_config}: no such file")
@@ -99,6 +80,7 @@ class TrainerNode(Node):
             raise ParameterError(f"parameter 'session_dir': {exc}") from exc
         if self.session.partial_bags():
             recovered = recording.recover_session(self.session.root)
+            self.session = recording.SessionDirectory.open(self.session.root)   # re-read: the recovery saved it
             self.get_logger().warning(f"recovered partial bag(s) left by a crash: {[str(p) for p in recovered]}")
         self.recorder: recording.TrialRecorder | None = None
         self._trial_timer = None
@@ -117,7 +99,6 @@ class TrainerNode(Node):
         for topic in topics:
             self.create_subscription(JointState, topic, self._recorder_callback(topic), RECORD_QOS, raw=True)
         self.create_subscription(DiagnosticArray, "diagnostics", self._on_diagnostics, 50, raw=True)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_service(Trigger, "~/start_trial", self._on_start)
         self.create_service(Trigger, "~/stop_trial", self._on_stop)
         self.create_service(Trigger, "~/retrain", self._on_retrain)
@@ -304,12 +285,9 @@ class TrainerNode(Node):
                   "retrains_finished": self.retrains_finished,
                   "last_retrain": self.last_retrain, "last_policy": self.last_policy,
                   "last_reload": self.last_reload, "controller_policy_version": self.controller_policy_version}
-        array = DiagnosticArray()
-        array.header.stamp = self.get_clock().now().to_msg()
-        array.status = [status(f"{NODE_NAME}: trainer", self.config.robot, level, message, values)]
-        self.diagnostics_pub.publish(array)
+        self.publish_status("trainer", level, message, values)
 
-    def shutdown(self) -> None:
+    def on_shutdown(self) -> None:
         """Close an open trial (so the bag is complete) and stop a running retrain."""
         if self.recorder is not None:
             self.stop_trial()
@@ -322,14 +300,9 @@ class TrainerNode(Node):
                 self.retrain_proc.wait()
 
 
-def _on_exit(node: Node) -> None:
-    if isinstance(node, TrainerNode):
-        node.shutdown()
-
-
 def main(args: list[str] | None = None) -> int:
     """Console script ``trainer_node``; exits 2 with the reason when its parameters are invalid."""
-    return run_node(TrainerNode, NODE_NAME, args, on_shutdown=_on_exit)
+    return run_node(TrainerNode, NODE_NAME, args)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,57 @@ def test_fingerprint_changes_with_behaviour(repo, tmp_path):
     base = load_robot_config(repo / "config" / "pendubot.yaml")
     changed = load_robot_config(write_config(tmp_path, repo, lambda p: p.update(torque_limit=5.0)))
     assert base.fingerprint() != changed.fingerprint()
+
+
+@pytest.mark.parametrize("key", ["umax", "policy_perod"])
+def test_unknown_top_level_key_is_an_error_naming_it(tmp_path, repo, key):
+    path = write_config(tmp_path, repo, lambda p: p.update({key: 1.0}))
+    with pytest.raises(ConfigError) as info:
+        load_robot_config(path)
+    assert info.value.field == key and "unknown key" in str(info.value) and str(path) in str(info.value)
+
+
+def test_ros_own_parameters_are_allowed_in_a_robot_file(tmp_path, repo):
+    assert load_robot_config(write_config(tmp_path, repo, lambda p: p.update(use_sim_time=True))).robot == "pendubot"
+
+
+def test_inertia_below_m_r_squared_is_refused(tmp_path, repo):
+    def small(models):
+        models["models"]["model_1.1"]["I"][1] = 0.01   # m r^2 = 0.0409 kg m^2: no such body exists
+
+    path = write_config(tmp_path, repo, models_mutate=small)
+    with pytest.raises(ConfigError, match=r"plant_models.yaml: field 'models.model_1.1.I\[1\]': must be >= m\*r\^2"):
+        load_robot_config(path)
+
+    def inline(params):
+        params["plant"] = {"m": [1.0, 1.0], "l": [0.5, 0.5], "r": [0.5, 0.5], "I": [0.2, 0.25]}
+
+    with pytest.raises(ConfigError, match=r"field 'plant.I\[0\]': must be >= m\*r\^2 = 0.25"):
+        load_robot_config(write_config(tmp_path, repo, inline))
+
+
+def _nested_update(params: dict, dotted: str, value) -> None:
+    *parents, key = dotted.split(".")
+    for part in parents:
+        params = params.setdefault(part, {})
+    params[key] = value
+
+
+def _numeric_settings():
+    from mcpilco_core.config import robot_settings
+
+    return [s for s in robot_settings() if s.setting.kind in (int, float) and not s.name.startswith("plant.")]
+
+
+@pytest.mark.parametrize("entry", _numeric_settings(), ids=lambda s: s.name)
+def test_every_range_of_the_metadata_is_enforced_by_the_loader(tmp_path, repo, entry):
+    """The range on the dataclass field (the one the ROS descriptors carry) is what load_robot_config checks."""
+    info = entry.setting
+    assert info.high is not None and info.low is not None, "every numeric robot parameter has a range"
+    too_high = info.high + 1 if info.kind is int else info.high * 2.0
+    too_low = info.low - 1 if info.kind is int else (info.low if info.low_open else info.low - abs(info.low) - 1.0)
+    for bad in (too_high, too_low):
+        path = write_config(tmp_path, repo, lambda p, bad=bad: _nested_update(p, entry.name, bad))
+        with pytest.raises(ConfigError) as error:
+            load_robot_config(path)
+        assert error.value.field == entry.name and f"got {bad!r}" in str(error.value)

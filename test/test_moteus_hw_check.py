@@ -63,3 +63,12 @@ def test_hw_check_pulse_is_bounded_and_on_the_actuated_joint_only(capsys: pytest
 
 def test_hw_check_is_a_cli_subcommand() -> None:
     assert "hw-check" in cli.build_parser().format_help()
+
+
+def test_hw_check_refuses_an_absurd_watchdog(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    text = (CONFIG / "moteus_driver_pendubot.yaml").read_text()
+    bad = tmp_path / "driver.yaml"
+    bad.write_text(text.replace("watchdog_timeout: 0.05", "watchdog_timeout: 1.0e+9"))
+    code = cli.main(["hw-check", "--config", str(bad)])
+    captured = capsys.readouterr()
+    assert code == 2 and "watchdog_timeout" in captured.err + captured.out and str(bad) in captured.err + captured.out

@@ -169,3 +169,19 @@ def test_config_errors_name_file_and_field(tmp_path: Path, kwargs: dict, field: 
     with pytest.raises(ConfigError) as info:
         load_driver_config(path)
     assert info.value.field == field and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("change,field", [
+    (("", "    watchdog_timeout: 1.0e+9\n"), "watchdog_timeout"),
+    (("", "    command_timeout: 1.0e+9\n"), "command_timeout"),
+    (("torque_limit: 6.0", "torque_limit: 1.0e+6"), "joints.shoulder.torque_limit"),
+    (("", "    transport: {can_timeout: 1.0e+9}\n"), "transport.can_timeout"),
+])
+def test_absurd_but_finite_values_are_refused(tmp_path: Path, change: tuple[str, str], field: str) -> None:
+    """hw-check's loader: a 1e9 s watchdog or a 1e6 N m limit is a typo, not a setting (ranges of the metadata)."""
+    old, new = change
+    text = BASE.format(s="", e_id=2, e_lim=0.0, extra=new if not old else "")
+    path = _write(tmp_path, text.replace(old, new) if old else text)
+    with pytest.raises(ConfigError) as info:
+        load_driver_config(path)
+    assert info.value.field == field and "must be in" in str(info.value) and str(path) in str(info.value)

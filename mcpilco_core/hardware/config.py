@@ -11,18 +11,23 @@ Units: joint side rad, rad/s, N m, s; the moteus side is revolutions (the librar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import (
     ACTUATED_JOINT,
     JOINT_NAMES,
-    ROBOTS,
+    ROS_OWN_PARAMETERS,
+    TORQUE_LIMIT_MAX,
     ConfigError,
+    ConfigReader,
     RobotJoints,
-    _Reader,
     read_yaml,
+    robot_setting,
+    section,
+    setting,
+    setting_keys,
     unwrap_ros_parameters,
 )
 
@@ -39,14 +44,16 @@ class TransportConfig:
     ``moteus-pi3hat``), auto (the moteus library's own detection).
     """
 
-    kind: str = "socketcan"
-    channel: str = "can0"           # python-can channel (socketcan / pythoncan)
-    interface: str = "socketcan"    # python-can interface name (pythoncan)
-    path: str = ""                  # fdcanusb serial device; "" = autodetect
-    pi3hat_bus: int = 1             # pi3hat CAN bus of both controllers
-    disable_brs: bool = False       # CAN-FD bit-rate switching off (long or noisy cables)
-    can_timeout: float = 0.02       # s, bound of every transport call (asyncio.wait_for)
-    max_consecutive_timeouts: int = 1  # CAN calls in a row that may time out before both motors stop
+    kind: str = setting("CAN transport: socketcan | pythoncan | fdcanusb | pi3hat | auto", "socketcan",
+                        choices=TRANSPORT_KINDS)
+    channel: str = setting("python-can / SocketCAN channel (kinds socketcan, pythoncan)", "can0")
+    interface: str = setting("python-can interface name (kind pythoncan, e.g. virtual)", "socketcan")
+    path: str = setting("fdcanusb serial device ('' = autodetect)", "")
+    pi3hat_bus: int = setting("pi3hat CAN bus of both controllers", 1, low=1, high=5)
+    disable_brs: bool = setting("turn CAN-FD bit-rate switching off (long or noisy cables)", False)
+    can_timeout: float = setting("s, bound of every transport call (asyncio.wait_for)", 0.02, low=1e-4, high=1.0)
+    max_consecutive_timeouts: int = setting("CAN calls in a row that may time out before both motors stop", 1,
+                                            low=1, high=1000)
 
     def describe(self) -> str:
         """Human-readable transport name for error messages and diagnostics."""
@@ -70,28 +77,35 @@ class JointDriverConfig:
     """
 
     name: str
-    can_id: int
-    direction: int = 1                 # +1 or -1
-    position_offset: float = 0.0       # rad, joint angle when the controller reads 0 rev
-    gear_ratio: float = 1.0            # external reduction between moteus output and joint
-    torque_limit: float = 0.0          # N m at the joint; 0 for the passive joint
-    velocity_limit: float = 25.0       # rad/s, |dq| above this -> damping then stop
-    position_limit: float = 25.0       # rad, |q| (multi-turn) above this -> damping then stop
+    can_id: int = setting("moteus CAN id (0x7f is broadcast)", kind=int, low=1, high=126)
+    direction: int = setting("+1 or -1: sign between the moteus output and the joint angle", 1, low=-1, high=1,
+                             choices=(1, -1))
+    position_offset: float = setting("rad, joint angle when the controller reads 0 rev", 0.0, low=-100.0,
+                                     high=100.0)
+    gear_ratio: float = setting("external reduction between the moteus output and the joint", 1.0, positive=True,
+                                high=1000.0)
+    torque_limit: float = setting("N m at the joint; 0 for the passive joint", 0.0, low=0.0, high=TORQUE_LIMIT_MAX)
+    velocity_limit: float = setting("rad/s, |dq| above this -> damping then stop", 25.0, positive=True, high=1e3)
+    position_limit: float = setting("rad, |q| (multi-turn) above this -> damping then stop", 25.0, positive=True,
+                                    high=1e3)
 
 
 @dataclass(frozen=True)
 class DriverConfig(RobotJoints):
     """Everything the moteus driver needs; loaded by :func:`load_driver_config`."""
 
-    robot: str
-    joints: tuple[JointDriverConfig, JointDriverConfig]
-    transport: TransportConfig = field(default_factory=TransportConfig)
-    rate: float = 500.0                # Hz, transport cycles and joint_states messages
-    command_timeout: float = 0.05      # s without fresh joint_commands -> zero torque
-    watchdog_timeout: float = 0.05     # s, moteus firmware watchdog sent with every torque command
-    damping_gain: float = 0.5          # N m s/rad on the actuated joint after a limit violation
-    damping_duration: float = 1.0      # s of damping before both motors are stopped
-    diagnostics_period: float = 0.5    # s between diagnostics messages
+    robot: str = robot_setting()
+    joints: tuple[JointDriverConfig, JointDriverConfig] = section(JointDriverConfig, keys=JOINT_NAMES)
+    transport: TransportConfig = section(TransportConfig)
+    rate: float = setting("Hz, transport cycles and joint_states messages", 500.0, low=1.0, high=5000.0)
+    command_timeout: float = setting("s without fresh joint_commands -> zero torque", 0.05, low=1e-3, high=1.0)
+    watchdog_timeout: float = setting("s, moteus firmware watchdog sent with every torque command (at least two "
+                                      "cycles)", 0.05, low=1e-3, high=1.0)
+    damping_gain: float = setting("N m s/rad on the actuated joint after a limit violation", 0.5, low=0.0,
+                                  high=100.0)
+    damping_duration: float = setting("s of damping after a limit violation, then both motors stop", 1.0,
+                                      low=0.0, high=60.0)
+    diagnostics_period: float = setting("s between diagnostics messages", 0.5, low=0.01, high=60.0)
     source: str | None = None
 
     @property
@@ -104,69 +118,41 @@ class DriverConfig(RobotJoints):
         return (self.joints[0].torque_limit, self.joints[1].torque_limit)
 
 
-def _transport(reader: _Reader) -> TransportConfig:
-    reader.reject_unknown(list(TransportConfig.__dataclass_fields__))
-    d = TransportConfig()
-    kind = reader.string("kind", d.kind, choices=TRANSPORT_KINDS)
-    can_timeout = reader.number("can_timeout", d.can_timeout, positive=True)
-    return TransportConfig(
-        kind=kind, channel=str(reader.raw("channel", d.channel)),
-        interface=reader.string("interface", d.interface), path=reader.string("path", d.path),
-        pi3hat_bus=reader.integer("pi3hat_bus", d.pi3hat_bus, minimum=1),
-        disable_brs=reader.boolean("disable_brs", d.disable_brs), can_timeout=can_timeout,
-        max_consecutive_timeouts=reader.integer("max_consecutive_timeouts", d.max_consecutive_timeouts, minimum=1),
-    )
+def _transport(reader: ConfigReader) -> TransportConfig:
+    reader.reject_unknown(setting_keys(TransportConfig))
+    values = reader.settings(TransportConfig, exclude=("channel",))
+    # a python-can channel may be a number (e.g. ``channel: 0`` for some interfaces)
+    return TransportConfig(channel=str(reader.raw("channel", TransportConfig.channel)), **values)
 
 
-def _joint(reader: _Reader, name: str, actuated: bool) -> JointDriverConfig:
-    reader.reject_unknown([f for f in JointDriverConfig.__dataclass_fields__ if f != "name"])
-    can_id = reader.integer("can_id", minimum=1)
-    if can_id > 126:
-        raise ConfigError(reader.source, reader.name("can_id"), f"must be <= 126 (0x7f is broadcast), got {can_id}")
-    direction = reader.integer("direction", 1)
-    if direction not in (1, -1):
-        raise ConfigError(reader.source, reader.name("direction"), f"must be 1 or -1, got {direction}")
-    torque_limit = reader.number("torque_limit", nonnegative=True)
+def _joint(reader: ConfigReader, name: str, actuated: bool) -> JointDriverConfig:
+    reader.reject_unknown(setting_keys(JointDriverConfig))
+    values = reader.settings(JointDriverConfig)
+    torque_limit = values["torque_limit"]
     if not actuated and torque_limit != 0.0:
         raise ConfigError(reader.source, reader.name("torque_limit"),
                           f"the passive joint '{name}' must have torque_limit 0, got {torque_limit}")
     if actuated and torque_limit == 0.0:
         raise ConfigError(reader.source, reader.name("torque_limit"), f"the actuated joint '{name}' needs a limit > 0")
-    return JointDriverConfig(
-        name=name, can_id=can_id, direction=direction,
-        position_offset=reader.number("position_offset", 0.0),
-        gear_ratio=reader.number("gear_ratio", 1.0, positive=True), torque_limit=torque_limit,
-        velocity_limit=reader.number("velocity_limit", 25.0, positive=True),
-        position_limit=reader.number("position_limit", 25.0, positive=True),
-    )
+    return JointDriverConfig(name=name, **values)
 
 
 def driver_config_from_mapping(params: Mapping[str, Any], source: str | Path | None = None) -> DriverConfig:
     """Validate a nested parameter mapping into a :class:`DriverConfig` (errors name ``source``)."""
-    reader = _Reader(params, source)
-    known = ["robot", "joints", "transport", "rate", "command_timeout", "watchdog_timeout",
-             "damping_gain", "damping_duration", "diagnostics_period", "use_sim_time"]
-    reader.reject_unknown(known)
-    robot = reader.string("robot", choices=ROBOTS)
+    reader = ConfigReader(params, source)
+    reader.reject_unknown(setting_keys(DriverConfig) + list(ROS_OWN_PARAMETERS))
+    values = reader.settings(DriverConfig)
+    robot = values["robot"]
     joints_reader = reader.sub("joints", required=True)
     joints_reader.reject_unknown(list(JOINT_NAMES))
     joints = tuple(_joint(joints_reader.sub(name, required=True), name, i == ACTUATED_JOINT[robot])
                    for i, name in enumerate(JOINT_NAMES))
     if joints[0].can_id == joints[1].can_id:
         raise ConfigError(source, "joints.elbow.can_id", f"same CAN id as the shoulder ({joints[0].can_id})")
-    rate = reader.number("rate", 500.0, positive=True)
-    command_timeout = reader.number("command_timeout", 0.05, positive=True)
-    watchdog = reader.number("watchdog_timeout", 0.05, positive=True)
-    if watchdog < 2.0 / rate:
-        raise ConfigError(source, "watchdog_timeout", f"must cover at least two cycles ({2.0 / rate:.4f} s)")
-    return DriverConfig(
-        robot=robot, joints=joints, transport=_transport(reader.sub("transport")),  # type: ignore[arg-type]
-        rate=rate, command_timeout=command_timeout, watchdog_timeout=watchdog,
-        damping_gain=reader.number("damping_gain", 0.5, nonnegative=True),
-        damping_duration=reader.number("damping_duration", 1.0, nonnegative=True),
-        diagnostics_period=reader.number("diagnostics_period", 0.5, positive=True),
-        source=str(source) if source is not None else None,
-    )
+    if values["watchdog_timeout"] < 2.0 / values["rate"]:
+        raise ConfigError(source, "watchdog_timeout", f"must cover at least two cycles ({2.0 / values['rate']:.4f} s)")
+    return DriverConfig(joints=joints, transport=_transport(reader.sub("transport")),  # type: ignore[arg-type]
+                        source=str(source) if source is not None else None, **values)
 
 
 def load_driver_config(path: str | Path, node: str = NODE_NAME) -> DriverConfig:

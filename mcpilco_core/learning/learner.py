@@ -29,9 +29,9 @@ import torch
 from ..config import (
     PLANT_MODELS_FILE,
     ConfigError,
+    ConfigReader,
     PlantParameters,
     RobotConfig,
-    _Reader,
     load_plant_parameters,
     load_robot_config,
     read_yaml,
@@ -188,7 +188,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     ``--robot``) must match it.
     """
     path = Path(path)
-    r = _Reader(read_train_mapping(path), path)
+    r = ConfigReader(read_train_mapping(path), path)
     r.reject_unknown(_TOP_KEYS)
     robot_path = path.parent / r.string("robot_config", f"{robot or 'pendubot'}.yaml")
     if robot_config is not None:
@@ -240,7 +240,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     return config
 
 
-def _prior_plant(r: _Reader, robot_path: Path) -> PlantParameters | None:
+def _prior_plant(r: ConfigReader, robot_path: Path) -> PlantParameters | None:
     """``prior_model: model_1.0``: a model of the plant-models file beside the robot config (default: the robot
     config's own plant, e.g. model_1.1 -- what a user has before identifying the robot)."""
     if not r.has("prior_model"):
@@ -248,14 +248,14 @@ def _prior_plant(r: _Reader, robot_path: Path) -> PlantParameters | None:
     return load_plant_parameters(robot_path.parent / PLANT_MODELS_FILE, r.string("prior_model"))
 
 
-def _int_list(reader: _Reader, key: str, default: list[int]) -> list[int]:
+def _int_list(reader: ConfigReader, key: str, default: list[int]) -> list[int]:
     value = reader.raw(key, default)
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ConfigError(reader.source, reader.name(key), f"expected a list of integers, got {value!r}")
     return value
 
 
-def _gp_settings(r: _Reader) -> GPSettings:
+def _gp_settings(r: ConfigReader) -> GPSettings:
     d = GPSettings()
     r.reject_unknown([f.name for f in fields(GPSettings)])
     return GPSettings(fit_steps=r.integer("fit_steps", d.fit_steps, minimum=0),
@@ -268,7 +268,7 @@ def _gp_settings(r: _Reader) -> GPSettings:
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS))
 
 
-def _cost_settings(r: _Reader, robot: RobotConfig) -> CostSettings:
+def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
     r.reject_unknown(["lengthscales", "velocity_lengthscales", "roa_weight", "roa_scale"])
     velocity = r.vector("velocity_lengthscales", 2, positive=True) if r.has("velocity_lengthscales") else None
     weight = r.number("roa_weight", 0.0, nonnegative=True)
@@ -285,7 +285,7 @@ def _cost_settings(r: _Reader, robot: RobotConfig) -> CostSettings:
                         roa_rho=float(rho))  # type: ignore[arg-type]
 
 
-def _optimizer_settings(r: _Reader) -> OptimizerSettings:
+def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
     d = OptimizerSettings()
     r.reject_unknown([f.name for f in fields(OptimizerSettings)])
     s = OptimizerSettings(
@@ -305,7 +305,7 @@ def _optimizer_settings(r: _Reader) -> OptimizerSettings:
     return s
 
 
-def _initial_state_settings(r: _Reader) -> InitialStateSettings:
+def _initial_state_settings(r: ConfigReader) -> InitialStateSettings:
     d = InitialStateSettings()
     r.reject_unknown([f.name for f in fields(InitialStateSettings)])
     fraction = r.number("disturbance_fraction", d.disturbance_fraction, nonnegative=True)
