@@ -16,6 +16,11 @@ Two clocks:
   only no answer within ``lockstep_timeout`` s of wall time steps with zero torque (counted). With the
   protocol enabled this is the same computation as ``mcpilco evaluate`` (``mcpilco_core.evaluation``), only over ROS.
 
+``robot_profile`` chooses the simulated robot (``config/robot_profiles.yaml``: plant model, sensor noise and delay,
+motor lag and noise; default ``nominal``, the robot config's plant with ideal sensors and motors); joint_states carry
+what its sensors measure. Its noise is seeded by ``protocol.seed``, so a profile and a seed give the numbers of
+``mcpilco evaluate --robot-profile``.
+
 ``protocol.enabled`` runs the evaluation protocol's disturbance schedule for ``protocol.seed``
 (``ResetPerturbation``: PID + gravity compensation on both joints for 0.2 s windows, limited to 6 N m;
 the controller is not told, it keeps receiving states; ``protocol.publish_during_resets: false`` hides the
@@ -35,10 +40,10 @@ from builtin_interfaces.msg import Time
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
-from mcpilco_core.config import JOINT_NAMES
+from mcpilco_core.config import JOINT_NAMES, ConfigError
 from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation
 from mcpilco_core.plant import DoublePendulum
-from mcpilco_core.simulation import SimulatedRobot
+from mcpilco_core.simulation import load_robot_profile
 
 from ._ros_utils import (
     CONTROL_QOS,
@@ -46,6 +51,7 @@ from ._ros_utils import (
     OK,
     WARN,
     ConfiguredNode,
+    ParameterError,
     ParamSpec,
     RingStats,
     effort_from_message,
@@ -64,6 +70,9 @@ SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("command_timeout", 0.02, "s, commands older than this are stale: zero torque", 0.001, 10.0),
     ParamSpec("lockstep_timeout", 0.1, "s of wall time to wait for the answer to a state (lockstep) before "
               "stepping with zero torque", 0.001, 60.0),
+    ParamSpec("robot_profile", "nominal", "the simulated robot: a profile of config/robot_profiles.yaml (nominal, "
+              "hardware_proxy, hardware_proxy_nonoise, perturbed), NAME:SEED, or a profile YAML file; its noise is "
+              "seeded by protocol.seed"),
     ParamSpec("protocol.enabled", False, "run the evaluation protocol's disturbance schedule"),
     ParamSpec("protocol.seed", 0, "seed of the disturbance schedule", 0, 2**31 - 1),
     ParamSpec("protocol.publish_during_resets", True, "publish joint_states during the disturbance windows (the "
@@ -115,8 +124,12 @@ class SimDriverNode(ConfiguredNode):
         self._n_steps = n
         self._record = self.record_file != "" and n > 0
         # The simulated robot itself (mcpilco_core.simulation); this node adds only clocks and messages.
-        self.robot = SimulatedRobot(self.plant, self.limits, self.dt, x0, override=self.perturbation,
-                                    override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), record=self._record)
+        try:
+            self.profile = load_robot_profile(str(own["robot_profile"]))
+        except ConfigError as exc:
+            raise ParameterError(f"parameter 'robot_profile': {exc}") from exc
+        self.robot = self.profile.robot(self.config, self.seed, x0, override=self.perturbation,
+                                        override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), record=self._record)
 
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
@@ -127,7 +140,8 @@ class SimDriverNode(ConfiguredNode):
             self.create_timer(WAITING_REPUBLISH_PERIOD / 2.0, self._lockstep_watch)
         self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         protocol = f"protocol seed {self.seed}" if self.perturbation else "no disturbances"
-        self.get_logger().info(f"{self.config.robot} ({self.config.plant.name}), {self.mode}, dt {self.dt} s, "
+        self.get_logger().info(f"{self.config.robot}, robot profile {self.profile.label} "
+                               f"({self.robot.plant.params.name}), {self.mode}, dt {self.dt} s, "
                                f"limits {self.limits} N m, {protocol}")
         self._publish_state()
 
@@ -248,7 +262,8 @@ class SimDriverNode(ConfiguredNode):
             np.savez(path, t=traj.t, x=traj.x, u=traj.u, u_cmd=traj.u_cmd, mode=traj.mode,
                      x_measured=traj.extras["x_measured"],
                      windows=windows.reshape(-1, 2), score=self.score, seed=self.seed,
-                     robot=self.config.robot, lockstep_timeouts=self.counters["lockstep_timeouts"],
+                     robot=self.config.robot, robot_profile=self.profile.label,
+                     lockstep_timeouts=self.counters["lockstep_timeouts"],
                      stale_steps=self.counters["stale_steps"], republished=self.counters["republished"])
             self.get_logger().info(f"done after {self.duration} s: score {self.score:.4f}, trajectory {path}")
         else:

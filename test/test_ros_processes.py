@@ -73,12 +73,14 @@ def test_bad_parameter_file_exits_with_the_reason(tmp_path):
     assert done.returncode == 2 and "watchdog_timeout" in done.stderr, done.stderr
 
 
-def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path):
-    """Seed 3, 6 s (the first disturbance falls in 2.75-4.75 s): same states to the last bit."""
+@pytest.mark.parametrize("profile", ["nominal", "hardware_proxy"])
+def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path, profile):
+    """Seed 3, 6 s (the first disturbance falls in 2.75-4.75 s): same states to the last bit, on the nominal robot
+    and on the hardware proxy (delay, motor lag, measurement and torque noise seeded by the protocol seed)."""
     record = tmp_path / "run.npz"
     overrides = params_file(tmp_path / "o.yaml", {
         "controller_node": {"arm_on_start": True, "watchdog_timeout": 2.0},
-        "sim_driver_node": {"mode": "lockstep", "lockstep_timeout": 2.0,
+        "sim_driver_node": {"mode": "lockstep", "lockstep_timeout": 2.0, "robot_profile": profile,
                             "protocol": {"enabled": True, "seed": 3, "publish_during_resets": False},
                             "duration": 6.0, "record_file": str(record), "exit_when_done": True}})
     robot = CONFIG / "pendubot.yaml"
@@ -87,9 +89,14 @@ def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path):
         assert sim.wait(timeout=60) == 0, (tmp_path / "sim.log").read_text()
     data = np.load(record)
     config = load_robot_config(robot)
-    reference = evaluate_seed(build_controller(config), config, 3, duration=6.0)
-    assert int(data["lockstep_timeouts"]) == 0
+    reference = evaluate_seed(build_controller(config), config, 3, duration=6.0, profile=profile)
+    assert int(data["lockstep_timeouts"]) == 0 and str(data["robot_profile"]) == profile
     assert len(reference.windows) == 1 and np.allclose(data["windows"], reference.windows)
     np.testing.assert_array_equal(data["x"], reference.trajectory.x)
+    np.testing.assert_array_equal(data["x_measured"], reference.trajectory.extras["x_measured"])
+    np.testing.assert_array_equal(data["u"], reference.trajectory.u)
     np.testing.assert_array_equal(data["mode"], reference.trajectory.mode)
     assert float(data["score"]) == reference.score
+    if profile != "nominal":   # the controller saw delayed, noisy states and the motors lagged
+        assert not np.array_equal(data["x_measured"], data["x"])
+        assert np.any(data["u"][1:, 0] != data["u_cmd"][1:, 0])

@@ -122,8 +122,25 @@ def test_lockstep_steps_once_per_answer_and_falls_back_on_timeout():
     ({"initial_state": [0.0, 0.0, 0.0]}, "initial_state"),
     ({"command_timeout": 0.0}, "command_timeout"),
     ({"torque_limit": -2.0}, "torque_limit"),
+    ({"robot_profile": "hardware_proxi"}, "robot_profile"),
 ])
 def test_invalid_sim_parameters_are_refused(overrides, parameter):
     with rig() as r:
         with pytest.raises(ParameterError, match=f"parameter '{parameter}'"):
             make_sim(r.context, **overrides)
+
+
+def test_robot_profile_publishes_what_its_sensors_measure():
+    """hardware_proxy: the published state is the delayed, noisy measurement (seeded by protocol.seed), the
+    torque passes the motor lag; the passive joint still gets exactly 0."""
+    with rig() as r:
+        sim, peer = connected(r, mode="lockstep", robot_profile="hardware_proxy", initial_state=[0.3, 0.0, 0.0, 0.0])
+        assert sim.profile.name == "hardware_proxy" and sim.robot.plant.params.name == "model_1.0"
+        wait_for(lambda: len(peer.received) >= 1, what="state 0")
+        first = peer.received[0]
+        assert tuple(first.position) == (0.3, 0.0) and tuple(first.velocity) != (0.0, 0.0)   # velocity noise
+        peer.pub.publish(command((2.0, 5.0), stamp=0))
+        wait_for(lambda: any(stamp_ns(m) == 2_000_000 for m in peer.received), what="state 1")
+        state1 = next(m for m in peer.received if stamp_ns(m) == 2_000_000)
+        assert state1.effort[1] == 0.0 and state1.effort[0] != 2.0 and abs(state1.effort[0] - 1.8) < 0.1
+        assert tuple(state1.position) == (0.3, 0.0)    # 5 ms delay: still the initial state's positions
