@@ -33,6 +33,11 @@ from .transport import driver_transport
 STARTUP_ATTEMPTS = 3
 # asyncio.wait_for raises asyncio.TimeoutError, an alias of the builtin only from Python 3.11 on.
 CAN_TIMEOUT_ERRORS = (asyncio.TimeoutError, TimeoutError)
+# What a failing CAN call raises besides a timeout: SocketCAN's ENOBUFS and bus-off come as
+# can.CanOperationError (not an OSError), serial transports raise OSError, the library RuntimeError/ValueError.
+# Every exception from inside the transport's cycle is a CAN fault: counted, and max_consecutive_timeouts
+# of them in a row latch a stop; it never ends the loop.
+CAN_ERRORS: tuple[type[Exception], ...] = (Exception,)
 
 
 class MissingControllerError(RuntimeError):
@@ -63,7 +68,8 @@ class LoopStats:
     round_trips: collections.deque = field(default_factory=collections.deque)
     cycles: int = 0
     late_cycles: int = 0
-    can_timeouts: int = 0
+    can_timeouts: int = 0        # failed CAN transactions: no reply in time, or an error (counted in both)
+    can_errors: int = 0          # of those, the ones that raised (ENOBUFS, bus-off, ...)
     last_start: float | None = None
 
     def cycle_started(self, now: float) -> None:
@@ -81,9 +87,9 @@ class LoopStats:
             buffer.popleft()
 
     def summary(self) -> dict[str, float]:
-        """rate_hz, period_p50_ms, period_p99_ms, rtt_p50_ms, rtt_p99_ms, late_cycles, can_timeouts."""
+        """rate_hz, period_p50_ms, period_p99_ms, rtt_p50_ms, rtt_p99_ms, late_cycles, can_timeouts, can_errors."""
         out: dict[str, float] = {"cycles": float(self.cycles), "late_cycles": float(self.late_cycles),
-                                 "can_timeouts": float(self.can_timeouts)}
+                                 "can_timeouts": float(self.can_timeouts), "can_errors": float(self.can_errors)}
         if self.periods:
             p = np.asarray(self.periods)
             out.update(rate_hz=1.0 / float(p.mean()), period_p50_ms=1e3 * float(np.percentile(p, 50)),
@@ -124,6 +130,7 @@ class MoteusDriver:
         self._consecutive_timeouts = 0
         self._owns_transport = transport is None
         self.close_error: Exception | None = None
+        self.last_can_error = ""     # the newest exception a CAN call raised ("" = none)
 
     # ------------------------------------------------------------------ startup and shutdown
     async def start(self) -> None:
@@ -146,26 +153,37 @@ class MoteusDriver:
             try:
                 results = await asyncio.wait_for(self.transport.cycle([stop_command(self.controllers[index])]),
                                                  self._startup_timeout())
-            except CAN_TIMEOUT_ERRORS:
+            except CAN_ERRORS as exc:  # timeouts and send errors alike: try again
+                self.last_can_error = f"{type(exc).__name__}: {exc}"
                 continue
             if self._store_replies(results):
                 return True
         return False
 
     async def stop_motors(self, attempts: int = 3) -> bool:
-        """Send a stop to both controllers (bounded; retried). True when both acknowledged with a reply."""
+        """Send a stop to every controller, each on its own and retried ``attempts`` times, so that a CAN error
+        for one never keeps the other from being stopped. True when every controller acknowledged a stop."""
         if not self.controllers:
             return False
+        stopped = [False] * len(self.controllers)
         for _ in range(attempts):
-            try:
-                results = await asyncio.wait_for(
-                    self.transport.cycle([stop_command(c) for c in self.controllers]),
-                    max(self.config.transport.can_timeout, 0.05))
-                self._store_replies(results)
+            for index, controller in enumerate(self.controllers):
+                if stopped[index]:
+                    continue
+                try:
+                    results = await asyncio.wait_for(self.transport.cycle([stop_command(controller)]),
+                                                     max(self.config.transport.can_timeout, 0.05))
+                except CAN_ERRORS as exc:
+                    self.last_can_error = f"{type(exc).__name__}: {exc}"
+                    continue
+                by_id = {getattr(r, "id", None): r for r in results if hasattr(r, "values")}
+                motor = self.motors[index]
+                if motor.can_id in by_id:
+                    _update_motor(motor, by_id[motor.can_id].values)
+                    stopped[index] = True
+            if all(stopped):
                 self._stop_sent = True
                 return True
-            except (*CAN_TIMEOUT_ERRORS, OSError, RuntimeError):
-                continue
         return False
 
     async def shutdown(self, reason: str = "driver shutdown") -> bool:
@@ -230,8 +248,10 @@ class MoteusDriver:
             results = await asyncio.wait_for(self.transport.cycle(commands), self.config.transport.can_timeout)
         except CAN_TIMEOUT_ERRORS:
             return self._timed_out(f"no reply within {self.config.transport.can_timeout * 1e3:.1f} ms")
-        except (OSError, RuntimeError) as exc:
-            return self._timed_out(f"transport error: {exc}")
+        except CAN_ERRORS as exc:  # ENOBUFS, bus-off, anything raised inside the CAN call: a CAN fault
+            self.last_can_error = f"{type(exc).__name__}: {exc}"
+            self.stats.can_errors += 1
+            return self._timed_out(self.last_can_error, "CAN error")
         self.stats.round_trip(time.perf_counter() - t0)
         replied = self._store_replies(results)
         if not replied:
@@ -240,11 +260,14 @@ class MoteusDriver:
         self._consecutive_timeouts = 0
         return True
 
-    def _timed_out(self, what: str) -> bool:
+    def _timed_out(self, what: str, kind: str = "CAN timeout") -> bool:
+        """A failed transaction (``kind``: CAN timeout or CAN error): counted; ``max_consecutive_timeouts`` in a
+        row latch a fault (both motors stopped)."""
         self.stats.can_timeouts += 1
         self._consecutive_timeouts += 1
         if self._consecutive_timeouts >= self.config.transport.max_consecutive_timeouts:
-            self.safety.report_fault(f"CAN timeout on {self.config.transport.describe()}: {what}")
+            self.safety.report_fault(f"{kind} on {self.config.transport.describe()} "
+                                     f"({self._consecutive_timeouts} in a row): {what}")
         return False
 
     def _store_replies(self, results: Sequence[Any]) -> bool:

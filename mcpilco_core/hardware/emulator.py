@@ -15,6 +15,9 @@ length with 0x50). Behaviour modelled, per controller:
   latched until a stop; while latched (mode 11 or fault mode 1) position commands are ignored;
 - fault injection (mode 1 + fault code), dropped replies, late replies.
 
+Send failures of the driver's own CAN interface (SocketCAN's ENOBUFS and bus-off, an exception inside the CAN
+call) are injected on the driver side by :class:`CanSendFaults`.
+
 Front ends: :class:`VirtualCanEmulator` (python-can ``virtual`` bus, in-process) and
 :class:`FdcanusbPtyEmulator` (a pseudo terminal speaking the fdcanusb text protocol, for other processes).
 :class:`PendulumRig` couples two emulated motors to the :class:`DoublePendulum` plant (fixed-step RK4).
@@ -654,3 +657,57 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------------------------- driver-side faults
+class CanSendFaults:
+    """Makes the driver's python-can bus fail its sends, as SocketCAN does (wraps ``bus.send``).
+
+    ``inject(kind, count, can_id)``: the next ``count`` sends (``math.inf``: until :meth:`clear`), optionally only
+    those to ``can_id``, raise -- ``enobufs``: ``can.CanOperationError`` errno 105 (transmit queue full),
+    ``bus_off``: ``can.CanOperationError`` errno 100 (network down: the controller went bus-off),
+    ``exception``: a ``ValueError`` from inside the call. Thread-safe enough for tests: the driver's thread sends,
+    the test thread injects.
+    """
+
+    KINDS = ("enobufs", "bus_off", "exception")
+
+    def __init__(self, bus: Any) -> None:
+        self.bus = bus
+        self._send = bus.send
+        self.kind: str | None = None
+        self.remaining: float = 0
+        self.can_id: int | None = None
+        self.raised = 0
+        bus.send = self._faulty_send
+
+    @classmethod
+    def on_transport(cls, transport: Any) -> CanSendFaults:
+        """The injector for a ``moteus.PythonCan`` transport (its one device's python-can bus; moteus internals)."""
+        return cls(transport._transport.devices()[0]._can)
+
+    def inject(self, kind: str, count: float = math.inf, can_id: int | None = None) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        self.kind, self.remaining, self.can_id = kind, count, can_id
+
+    def clear(self) -> None:
+        self.kind, self.remaining = None, 0
+
+    def _faulty_send(self, msg: Any, timeout: float | None = None) -> None:
+        target = msg.arbitration_id & 0x7F
+        if self.kind is not None and self.remaining > 0 and self.can_id in (None, target):
+            self.remaining -= 1
+            self.raised += 1
+            raise self._error(self.kind)
+        return self._send(msg, timeout)
+
+    @staticmethod
+    def _error(kind: str) -> Exception:
+        import can
+
+        if kind == "enobufs":
+            return can.CanOperationError("Failed to transmit: [Errno 105] No buffer space available", 105)
+        if kind == "bus_off":
+            return can.CanOperationError("Failed to transmit: [Errno 100] Network is down", 100)
+        return ValueError("injected failure inside the CAN call")

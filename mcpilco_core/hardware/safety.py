@@ -6,7 +6,9 @@ both motors must be stopped. Rules, in order:
 
 1. latched stop (``~/stop``, a fault, a CAN timeout, the end of a damping phase) -> stop both, forever
    (until :meth:`SafetySupervisor.reset`);
-2. a controller in mode 1 (fault) or 11 (watchdog timeout) -> fault: stop both, naming the fault;
+2. a controller in mode 1 (fault) or 11 (watchdog timeout) -> fault: stop both, naming the fault; a NaN or
+   infinite position or velocity reading -> fault too (``abs(nan) > limit`` is False: the limits below cannot
+   see it), naming the joint and the value;
 3. velocity or position (multi-turn) limit exceeded -> software damping ``-gain * dq`` on the actuated joint
    for ``damping_duration`` s, then stop both;
 4. no command received yet -> zero torque (commands are the enable signal: the controller only publishes
@@ -102,6 +104,7 @@ class SafetySupervisor:
         """Decide this cycle's torques from the measured state (rad, rad/s) at monotonic time ``now`` (s)."""
         with self._lock:
             self._check_faults(modes, faults)
+            self._check_finite(q, dq)
             if self._state in LATCHED:
                 return SafetyDecision(self._state, (0.0, 0.0), True, self._reason)
             self._check_limits(now, q, dq)
@@ -118,6 +121,17 @@ class SafetySupervisor:
                 self._reason = (f"{joint.name} (id {joint.can_id}) in mode {mode} ({mode_name(mode)}), "
                                 f"fault {fault} ({fault_name(fault)})")
                 return
+
+    def _check_finite(self, q: Sequence[float], dq: Sequence[float]) -> None:
+        if self._state in LATCHED:
+            return
+        for joint, qi, dqi in zip(self.config.joints, q, dq):
+            for what, value, unit in (("position", qi, "rad"), ("velocity", dqi, "rad/s")):
+                if not math.isfinite(value):
+                    self._state = SafetyState.FAULT
+                    self._reason = (f"non-finite {joint.name} {what} reading ({value} {unit}, id {joint.can_id}): "
+                                    f"encoder or bus fault")
+                    return
 
     def _check_limits(self, now: float, q: Sequence[float], dq: Sequence[float]) -> None:
         if self._state is SafetyState.DAMPING:

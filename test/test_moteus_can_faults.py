@@ -1,0 +1,136 @@
+"""CAN send failures and non-finite readings against the emulated moteus (issue 13, items 5 and 6).
+
+SocketCAN raises ``can.CanOperationError`` (not an OSError) on ENOBUFS and bus-off: the driver loop must count it
+as a CAN fault like a timeout, stop both motors after ``max_consecutive_timeouts`` in a row, keep running, and
+``stop_motors`` must keep trying every motor. A NaN position or velocity from a moteus is a fault: both stop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Iterator
+
+import pytest
+from test_moteus_driver import Rig, virtual_config, wait_for
+
+from mcpilco_core.hardware.driver import MoteusDriver
+from mcpilco_core.hardware.emulator import CanSendFaults, EmulatedBus, VirtualCanEmulator, robot_bus
+from mcpilco_core.hardware.safety import SafetyState
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def make_rig() -> Iterator[Callable[..., Rig]]:
+    """Started rigs (emulated controllers + the driver in its thread), closed after the test."""
+    rigs: list[Rig] = []
+
+    def make(config=None) -> Rig:  # noqa: ANN001 - a DriverConfig
+        rig = Rig(config or virtual_config())
+        rigs.append(rig)
+        rig.runner.start()
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def faults_of(rig: Rig) -> CanSendFaults:
+    return CanSendFaults.on_transport(rig.driver.transport)
+
+
+@pytest.mark.parametrize("kind", CanSendFaults.KINDS)
+def test_a_few_send_errors_are_counted_and_the_loop_goes_on(make_rig: Callable[..., Rig], kind: str) -> None:
+    rig = make_rig(virtual_config(max_timeouts=1000))
+    rig.driver.set_command((1.0, 0.0))
+    wait_for(lambda: rig.motor(0).mode == 10)
+    faults = faults_of(rig)
+    faults.inject(kind, count=3)
+    wait_for(lambda: faults.raised == 3 and rig.driver.stats.can_errors >= 3)
+    n = len(rig.samples)
+    wait_for(lambda: len(rig.samples) > n + 10 and rig.samples[-1].fresh)      # the loop lives on
+    assert rig.runner.is_alive() and rig.runner.error is None
+    assert rig.driver.stats.can_timeouts >= 3
+    assert rig.driver.safety.state not in (SafetyState.FAULT, SafetyState.STOPPED)   # 3 < max_consecutive_timeouts
+
+
+@pytest.mark.parametrize("kind", CanSendFaults.KINDS)
+def test_sustained_send_errors_latch_a_fault_then_both_motors_are_stopped(make_rig: Callable[..., Rig],
+                                                                          kind: str) -> None:
+    rig = make_rig(virtual_config(max_timeouts=5))
+    rig.driver.set_command((2.0, 0.0))
+    wait_for(lambda: rig.motor(0).mode == 10)
+    faults = faults_of(rig)
+    faults.inject(kind)
+    wait_for(lambda: rig.driver.safety.state is SafetyState.FAULT)
+    reason = rig.driver.safety.reason
+    assert "CAN error" in reason and "5 in a row" in reason and rig.config.transport.channel in reason
+    assert rig.runner.is_alive()
+    faults.clear()                                     # the bus comes back: the latched stop reaches both motors
+    wait_for(lambda: rig.motor(0).mode == 0 and rig.motor(1).mode == 0)
+    rig.driver.set_command((2.0, 0.0))
+    n = len(rig.samples)
+    wait_for(lambda: len(rig.samples) > n + 10)
+    assert rig.motor(0).mode == 0                      # latched
+
+
+def stop_under_faults(kind: str, count: float, can_id: int | None) -> tuple[bool, MoteusDriver, EmulatedBus]:
+    """A driver applying 2 N m, then CAN send failures, then ``stop_motors`` (no loop running beside it)."""
+    config = virtual_config(max_timeouts=1000)
+    bus = robot_bus(config)
+    with VirtualCanEmulator(bus, config.transport.channel):
+        driver = MoteusDriver(config)
+
+        async def scenario() -> bool:
+            await driver.start()
+            driver.set_command((2.0, 0.0))
+            for _ in range(5):
+                await driver.cycle()
+            assert bus.motor(1).mode == 10 and bus.motor(1).torque == pytest.approx(2.0)
+            CanSendFaults.on_transport(driver.transport).inject(kind, count, can_id)
+            try:
+                return await driver.stop_motors()
+            finally:
+                driver.transport.close()
+
+        return asyncio.run(scenario()), driver, bus
+
+
+@pytest.mark.parametrize("kind", CanSendFaults.KINDS)
+def test_stop_motors_retries_after_send_errors(kind: str) -> None:
+    stopped, driver, bus = stop_under_faults(kind, 2, None)       # the first two stop frames fail
+    assert stopped and bus.motor(1).mode == 0 and bus.motor(2).mode == 0
+
+
+def test_a_motor_that_cannot_be_reached_does_not_keep_the_other_from_stopping() -> None:
+    stopped, driver, bus = stop_under_faults("bus_off", math.inf, 1)   # every frame to the shoulder fails
+    assert not stopped and bus.motor(1).mode in (10, 11)                # (left to its firmware watchdog)
+    stopped, driver, bus = stop_under_faults("enobufs", math.inf, 2)   # every frame to the elbow fails
+    assert not stopped and bus.motor(1).mode == 0                       # the torqued shoulder is stopped anyway
+    assert "CanOperationError" in driver.last_can_error and "105" in driver.last_can_error
+
+
+def test_a_nan_reading_is_a_fault_that_stops_both(make_rig: Callable[..., Rig]) -> None:
+    rig = make_rig()
+    rig.driver.set_command((2.0, 0.0))
+    wait_for(lambda: rig.motor(0).mode == 10)
+    with rig.bus.lock:
+        rig.motor(1).velocity = math.nan
+    wait_for(lambda: rig.driver.safety.state is SafetyState.FAULT)
+    assert "non-finite elbow velocity" in rig.driver.safety.reason
+    wait_for(lambda: rig.motor(0).mode == 0 and rig.motor(1).mode == 0)
+    assert rig.samples[-1].decision.stop and rig.runner.is_alive()
+
+
+@pytest.mark.parametrize("what", ["position", "velocity"])
+def test_a_nan_reading_never_passes_the_limits(what: str) -> None:
+    from mcpilco_core.hardware.safety import SafetySupervisor
+
+    supervisor = SafetySupervisor(virtual_config())
+    supervisor.command((2.0, 0.0), 0.0)
+    q, dq = [0.0, 0.0], [0.0, 0.0]
+    (q if what == "position" else dq)[0] = math.nan
+    decision = supervisor.update(0.001, q, dq, [10, 0], [0, 0])
+    assert decision.stop and decision.torques == (0.0, 0.0) and decision.state is SafetyState.FAULT
+    assert f"non-finite shoulder {what}" in decision.reason
