@@ -1,8 +1,10 @@
-"""Helpers shared by the mcpilco_ros nodes: parameters, JointState checks, diagnostics, main().
+"""Helpers shared by the mcpilco_ros nodes: parameters, the one node preamble, diagnostics, main().
 
-Why one module: every node declares the same robot parameters (the ``/**`` section of
-``config/<robot>.yaml``), checks incoming JointState messages the same way, and shuts down the same way.
-The nodes themselves stay thin translations between messages and ``mcpilco_core`` calls.
+Why one module: every node declares the same robot parameters (the ``/**`` section of ``config/<robot>.yaml``),
+generated from the field metadata of mcpilco_core's config dataclasses (:func:`param_specs`), builds its
+validated config the same way (:class:`ConfiguredNode`) and shuts down the same way (:func:`run_node`). The
+JointState checks are in ``_messages``. The nodes themselves stay thin translations between messages and
+``mcpilco_core`` calls.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,8 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import JointState
 
 from mcpilco_core.config import (
-    JOINT_NAMES,
     ROS_OWN_PARAMETERS,
     ConfigError,
     RobotConfig,
@@ -42,13 +40,12 @@ from mcpilco_core.config import (
     robot_config_from_mapping,
     robot_settings,
 )
-from mcpilco_core.paths import config_dir, policies_dir
+from mcpilco_core.paths import config_dir
+
+# The message helpers live in _messages; the names stay importable from here for the tests and benchmarks.
+from ._messages import CONTROL_QOS, command_message, effort_from_message, joint_order, stamp_ns, state_from_message
 
 RCLError = _rclpy.RCLError  # what rclpy.init raises when rcl refuses its arguments
-
-# joint_states / joint_commands: reliable (a lost command is a lost control step) with a short queue
-# (an old state is worthless); compatible with best-effort subscribers too.
-CONTROL_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 # OK / WARN / ERROR as plain ints (DiagnosticStatus uses bytes in some distributions).
 OK, WARN, ERROR = (int.from_bytes(v, "little") if isinstance(v, bytes) else int(v)
@@ -219,27 +216,38 @@ ROBOT_PARAMETERS: tuple[ParamSpec, ...] = param_specs(robot_settings())
 ROBOT_SCHEMA = ConfigSchema(ROBOT_PARAMETERS, robot_config_from_parameters)
 
 
+# The period of the diagnostics timer of ConfiguredNode (the moteus driver's is part of its config).
+DIAGNOSTICS_PERIOD = ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0)
+
+
 class ConfiguredNode(Node):
     """The one preamble of the package's nodes.
 
     Declares the parameters of ``schema`` (the robot's, or the moteus driver's) and the node's ``own``
     ParamSpecs, refuses overrides that none of them takes, validates the config into ``self.config`` (or takes
     ``config`` as given) and keeps the own values in ``self.p``. Creates the ``diagnostics`` publisher, and the
-    ``done`` event and ``exit_code`` that :func:`run_node` watches. Bad parameters raise ParameterError naming
-    the parameter.
+    ``done`` event and ``exit_code`` that :func:`run_node` watches. With ``diagnostics_timer`` it also declares
+    ``diagnostics_period`` (s) and calls ``publish_diagnostics()`` that often once the node spins. Bad
+    parameters raise ParameterError naming the parameter.
     """
 
     def __init__(self, name: str, own: Sequence[ParamSpec], schema: ConfigSchema = ROBOT_SCHEMA,
-                 config: Any = None, **kwargs: Any) -> None:
+                 config: Any = None, diagnostics_timer: bool = True, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.title = name
         values = declare(self, schema.parameters)
-        self.p = declare(self, own)
+        self.p = declare(self, (*own, DIAGNOSTICS_PERIOD) if diagnostics_timer else own)
         refuse_unknown_overrides(self)
         self.config = config if config is not None else schema.build(values)
         self.done = threading.Event()   # run_node() leaves when set
         self.exit_code = 0
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+        if diagnostics_timer:
+            self.create_timer(float(self.p["diagnostics_period"]), self.publish_diagnostics)
+
+    def publish_diagnostics(self) -> None:
+        """The node's status on ``diagnostics`` (see :meth:`publish_status`); called every diagnostics_period."""
+        raise NotImplementedError
 
     def diagnostics_array(self, statuses: Sequence[DiagnosticStatus], stamp: Any = None) -> DiagnosticArray:
         """A DiagnosticArray of ``statuses`` stamped ``stamp`` (default: now)."""
@@ -255,91 +263,6 @@ class ConfiguredNode(Node):
 
     def on_shutdown(self) -> None:
         """Called by :func:`run_node` while the context is still up (e.g. to publish a zero command)."""
-
-
-def resolve_policy_path(value: str) -> tuple[Path | None, str]:
-    """The policy file a ``policy`` parameter names: (path or None, explanation).
-
-    '' -> none (LQR + damping). A file -> that file. A directory -> its newest ``*.npz`` (what the trainer
-    exports). Relative paths are tried against the working directory, then the package's policies dir.
-    Raises ParameterError when the named file or directory does not exist.
-    """
-    value = value.strip()
-    if not value:
-        return None, "no policy configured: LQR + damping only"
-    path = Path(value).expanduser()
-    if not path.is_absolute() and not path.exists():
-        candidate = policies_dir() / path
-        if candidate.exists():
-            path = candidate
-    if path.is_dir():
-        newest = sorted(path.glob("*.npz"), key=lambda p: (p.stat().st_mtime, p.name))
-        if not newest:
-            return None, f"policy directory {path} has no *.npz policy yet: LQR + damping only"
-        return newest[-1], f"newest policy in {path}"
-    if not path.exists():
-        raise ParameterError(f"parameter 'policy': {value}: no such file or directory")
-    return path, "policy file"
-
-
-# --------------------------------------------------------------------------------------------------
-# JointState checks
-
-
-def stamp_ns(msg: JointState) -> int:
-    """Header stamp in integer nanoseconds (exact: used to match commands to states)."""
-    return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
-
-
-def joint_order(names: Sequence[str]) -> tuple[int, int] | None:
-    """Indices of (shoulder, elbow) in ``names``, or None unless the names are exactly these two."""
-    if len(names) != 2:
-        return None
-    try:
-        order = (list(names).index(JOINT_NAMES[0]), list(names).index(JOINT_NAMES[1]))
-    except ValueError:
-        return None
-    return order
-
-
-def state_from_message(msg: JointState) -> tuple[np.ndarray | None, str]:
-    """(x = (q1, q2, dq1, dq2), '') from a joint_states message, or (None, reason) for a bad one.
-
-    Reasons (the keys of the refused-message counters): names, lengths, nonfinite.
-    """
-    order = joint_order(msg.name)
-    if order is None:
-        return None, "names"
-    if len(msg.position) != 2 or len(msg.velocity) != 2 or len(msg.effort) not in (0, 2):
-        return None, "lengths"
-    i, j = order
-    x = np.array((msg.position[i], msg.position[j], msg.velocity[i], msg.velocity[j]), dtype=np.float64)
-    if not np.isfinite(x).all():
-        return None, "nonfinite"
-    return x, ""
-
-
-def effort_from_message(msg: JointState) -> tuple[tuple[float, float] | None, str]:
-    """((tau_shoulder, tau_elbow), '') from a joint_commands message, or (None, reason)."""
-    order = joint_order(msg.name)
-    if order is None:
-        return None, "names"
-    if len(msg.effort) != 2:
-        return None, "lengths"
-    u = (float(msg.effort[order[0]]), float(msg.effort[order[1]]))
-    if not (math.isfinite(u[0]) and math.isfinite(u[1])):
-        return None, "nonfinite"
-    return u, ""
-
-
-def command_message(effort: Sequence[float], stamp: Any, frame_id: str = "") -> JointState:
-    """A joint_commands message: names + effort (N m), stamped with the state it answers."""
-    msg = JointState()
-    msg.header.stamp = stamp
-    msg.header.frame_id = frame_id
-    msg.name = list(JOINT_NAMES)
-    msg.effort = [float(effort[0]), float(effort[1])]
-    return msg
 
 
 # --------------------------------------------------------------------------------------------------
@@ -467,8 +390,8 @@ def run_node(factory: Callable[[], Node], program: str, args: list[str] | None =
     return code
 
 
-__all__ = ["CONTROL_QOS", "ERROR", "OK", "ROBOT_PARAMETERS", "ROBOT_SCHEMA", "ConfigSchema", "ConfiguredNode",
-           "ParamSpec", "Parameter", "ParameterError", "RingStats", "WARN", "check_params_files", "command_message",
-           "declare", "effort_from_message", "joint_order", "nest", "param_specs", "refuse_unknown_overrides",
-           "resolve_policy_path", "robot_config_from_parameters", "run_node", "stamp_ns", "state_from_message",
-           "status", "validated"]
+__all__ = ["CONTROL_QOS", "DIAGNOSTICS_PERIOD", "ERROR", "OK", "ROBOT_PARAMETERS", "ROBOT_SCHEMA", "WARN",
+           "ConfigSchema", "ConfiguredNode", "ParamSpec", "Parameter", "ParameterError", "RingStats",
+           "check_params_files", "command_message", "declare", "effort_from_message", "joint_order", "nest",
+           "param_specs", "refuse_unknown_overrides", "robot_config_from_parameters", "run_node", "stamp_ns",
+           "state_from_message", "status", "validated"]

@@ -43,23 +43,11 @@ from std_srvs.srv import SetBool, Trigger
 
 from mcpilco_core.control import Supervisor, build_controller
 from mcpilco_core.control.exploration import ExplorationController, trial_rng
+from mcpilco_core.paths import policies_dir
 from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
 
-from ._ros_utils import (
-    CONTROL_QOS,
-    ERROR,
-    OK,
-    WARN,
-    ConfiguredNode,
-    ParameterError,
-    ParamSpec,
-    RingStats,
-    command_message,
-    resolve_policy_path,
-    run_node,
-    stamp_ns,
-    state_from_message,
-)
+from ._messages import CONTROL_QOS, command_message, stamp_ns, state_from_message
+from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, RingStats, run_node
 
 NODE_NAME = "controller_node"
 REFUSAL_REASONS = ("names", "lengths", "nonfinite", "time_backwards")
@@ -71,7 +59,6 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("arm_on_start", False, "arm torque output at start (simulation only; on hardware call ~/enable)"),
     ParamSpec("watchdog_timeout", 0.05, "s without a valid joint_states message before zero torque and a "
               "diagnostics error", 0.001, 10.0),
-    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
     ParamSpec("warn_throttle", 1.0, "s, at most one warning about refused messages per this period", 0.0, 3600.0),
     ParamSpec("exploration.enabled", False, "start in exploration mode (random torques, MC-PILCO trial 0); "
               "~/explore switches it while disarmed"),
@@ -83,6 +70,31 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
 
 # Supervisor modes that override exploration: safety first.
 OVERRIDING_MODES = ("damping", "safe")
+
+
+def resolve_policy_path(value: str) -> tuple[Path | None, str]:
+    """The policy file a ``policy`` parameter names: (path or None, explanation).
+
+    '' -> none (LQR + damping). A file -> that file. A directory -> its newest ``*.npz`` (what the trainer
+    exports). Relative paths are tried against the working directory, then the package's policies dir.
+    Raises ParameterError when the named file or directory does not exist.
+    """
+    value = value.strip()
+    if not value:
+        return None, "no policy configured: LQR + damping only"
+    path = Path(value).expanduser()
+    if not path.is_absolute() and not path.exists():
+        candidate = policies_dir() / path
+        if candidate.exists():
+            path = candidate
+    if path.is_dir():
+        newest = sorted(path.glob("*.npz"), key=lambda p: (p.stat().st_mtime, p.name))
+        if not newest:
+            return None, f"policy directory {path} has no *.npz policy yet: LQR + damping only"
+        return newest[-1], f"newest policy in {path}"
+    if not path.exists():
+        raise ParameterError(f"parameter 'policy': {value}: no such file or directory")
+    return path, "policy file"
 
 
 class ControllerNode(ConfiguredNode):
@@ -135,7 +147,6 @@ class ControllerNode(ConfiguredNode):
                             callback_group=ReentrantCallbackGroup())
         self.create_service(SetBool, "~/explore", self._on_explore)
         self.create_timer(max(0.002, self.watchdog_timeout / 4.0), self._check_watchdog)
-        self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         if own["arm_on_start"]:
             self._arm(True)
 

@@ -20,7 +20,6 @@ import math
 import sys
 import time
 
-from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
@@ -39,15 +38,14 @@ from mcpilco_core.hardware import (
 from mcpilco_core.hardware.config import DriverConfig
 from mcpilco_core.hardware.transport import TransportError
 
+from ._messages import CONTROL_QOS, effort_from_message, stamp_from_ns
 from ._ros_utils import (
-    CONTROL_QOS,
     ERROR,
     OK,
     WARN,
     ConfigSchema,
     ConfiguredNode,
     ParamSpec,
-    effort_from_message,
     nest,
     param_specs,
     run_node,
@@ -73,8 +71,11 @@ class MoteusDriverNode(ConfiguredNode):
     """See the module docstring."""
 
     def __init__(self, driver: MoteusDriver | None = None, **kwargs) -> None:
-        super().__init__(NODE_NAME, (), DRIVER_SCHEMA, driver.config if driver is not None else None, **kwargs)
+        # diagnostics come with the samples, every config.diagnostics_period s (no timer)
+        super().__init__(NODE_NAME, (), DRIVER_SCHEMA, driver.config if driver is not None else None,
+                         diagnostics_timer=False, **kwargs)
         self.refused_commands = 0
+        self.nonfinite_states = 0       # samples with a NaN/inf reading: never published (the driver stops both)
         self._last_diagnostics = 0.0
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
@@ -95,6 +96,8 @@ class MoteusDriverNode(ConfiguredNode):
         effort, problem = effort_from_message(msg)
         if effort is None:
             self.refused_commands += 1
+            if problem == "nonfinite":   # a controller computing NaN has failed: zero torque now, not at the timeout
+                self.driver.set_command((0.0, 0.0), time.monotonic())
             if self.refused_commands in (1, 10, 100, 1000):
                 self.get_logger().warning(f"refused joint_commands ({problem}); {self.refused_commands} so far")
             return
@@ -116,10 +119,13 @@ class MoteusDriverNode(ConfiguredNode):
     # ------------------------------------------------------------------ outputs (called in the driver thread)
     def _on_sample(self, sample: DriverSample) -> None:
         msg = JointState()
-        msg.header.stamp = msg_stamp(sample.stamp_ns)
+        msg.header.stamp = stamp_from_ns(sample.stamp_ns)
         msg.name = list(JOINT_NAMES)
         msg.position, msg.velocity, msg.effort = list(sample.q), list(sample.dq), list(sample.tau)
-        self.state_pub.publish(msg)
+        if all(math.isfinite(v) for v in (*sample.q, *sample.dq, *sample.tau)):
+            self.state_pub.publish(msg)
+        else:  # never NaN on joint_states; the safety supervisor latched a fault, diagnostics say which reading
+            self.nonfinite_states += 1
         if sample.monotonic - self._last_diagnostics >= self.config.diagnostics_period:
             self._last_diagnostics = sample.monotonic
             self.diagnostics_pub.publish(self.diagnostics(sample))
@@ -129,9 +135,11 @@ class MoteusDriverNode(ConfiguredNode):
         decision, loop = sample.decision, self.driver.stats.summary()
         level = {SafetyState.ACTIVE: OK, SafetyState.WAITING: OK, SafetyState.FAULT: ERROR}.get(decision.state, WARN)
         values = {"state": decision.state.value, "reason": decision.reason, "refused_commands": self.refused_commands,
+                  "nonfinite_states": self.nonfinite_states,
                   "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate}
         values.update({k: loop.get(k, math.nan) for k in ("rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles",
-                                                          "can_timeouts", "rtt_p50_ms", "rtt_p99_ms", "cycles")})
+                                                          "can_timeouts", "can_errors", "rtt_p50_ms", "rtt_p99_ms",
+                                                          "cycles")})
         statuses = [status(f"{NODE_NAME}: loop", self.config.transport.describe(), level,
                            decision.reason or decision.state.value, values)]
         for joint, motor in zip(self.config.joints, sample.motors):
@@ -143,23 +151,18 @@ class MoteusDriverNode(ConfiguredNode):
                  "fault_name": fault_name(motor.fault), "temperature_C": motor.temperature,
                  "voltage_V": motor.voltage, "position_rev": motor.position, "velocity_rev_s": motor.velocity,
                  "torque_Nm": motor.torque, "replied": motor.replied}))
-        return self.diagnostics_array(statuses, msg_stamp(sample.stamp_ns))
+        return self.diagnostics_array(statuses, stamp_from_ns(sample.stamp_ns))
 
     # ------------------------------------------------------------------ exit paths
     def on_shutdown(self) -> None:
         """End the loop; the runner stops both motors on the way out."""
-        if self.runner.is_alive():
-            self.runner.stop()
+        runner = getattr(self, "runner", None)   # None when the node refused its parameters
+        if runner is not None and runner.is_alive():
+            runner.stop()
 
     def destroy_node(self) -> None:
         self.on_shutdown()
         super().destroy_node()
-
-
-def msg_stamp(stamp_ns: int) -> Time:
-    """Integer nanoseconds -> builtin_interfaces/Time."""
-    sec, nanosec = divmod(int(stamp_ns), 1_000_000_000)
-    return Time(sec=sec, nanosec=nanosec)
 
 
 def main(args: list[str] | None = None) -> int:

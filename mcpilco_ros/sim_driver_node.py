@@ -45,19 +45,8 @@ from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, Res
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.simulation import load_robot_profile
 
-from ._ros_utils import (
-    CONTROL_QOS,
-    ERROR,
-    OK,
-    WARN,
-    ConfiguredNode,
-    ParameterError,
-    ParamSpec,
-    RingStats,
-    effort_from_message,
-    run_node,
-    stamp_ns,
-)
+from ._messages import CONTROL_QOS, effort_from_message, stamp_ns
+from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, RingStats, run_node
 
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
@@ -81,7 +70,6 @@ SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("duration", 0.0, "s of simulated time, then stop (0 = until stopped)", 0.0, 1e7),
     ParamSpec("record_file", "", ".npz file for the trajectory at the end of duration ('' = none)"),
     ParamSpec("exit_when_done", False, "end the process when duration is over"),
-    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
 )
 
 
@@ -138,7 +126,6 @@ class SimDriverNode(ConfiguredNode):
             self.create_timer(self.dt, self._tick)
         else:
             self.create_timer(WAITING_REPUBLISH_PERIOD / 2.0, self._lockstep_watch)
-        self.create_timer(float(own["diagnostics_period"]), self.publish_diagnostics)
         protocol = f"protocol seed {self.seed}" if self.perturbation else "no disturbances"
         self.get_logger().info(f"{self.config.robot}, robot profile {self.profile.label} "
                                f"({self.robot.plant.params.name}), {self.mode}, dt {self.dt} s, "

@@ -62,7 +62,6 @@ TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("retrain_timeout", 7200.0, "s before a retraining process is stopped", 1.0, 1e6),
     ParamSpec("controller", "controller_node", "node whose policy parameter and ~/reload_policy are used "
               "('' = do not reload)"),
-    ParamSpec("diagnostics_period", 1.0, "s between diagnostics messages", 0.01, 60.0),
 )
 
 
@@ -106,7 +105,6 @@ class TrainerNode(ConfiguredNode):
         self.reload_client = self.create_client(Trigger, f"/{controller}/reload_policy") if controller else None
         self.param_client = self.create_client(SetParameters, f"/{controller}/set_parameters") if controller else None
         self.create_timer(0.2, self._poll_retrain)
-        self.create_timer(float(self.p["diagnostics_period"]), self.publish_diagnostics)
         self.get_logger().info(f"{self.config.robot}: session {self.session.root}, run dir {self.p['run_dir']}")
 
     # ---------------------------------------------------------------- recording

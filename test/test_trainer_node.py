@@ -126,11 +126,13 @@ def test_retrain_exports_a_new_policy_and_the_controller_reloads_it(tmp_path, pe
 
 
 def test_trainer_yaml_sets_exactly_the_declared_parameters(repo):
+    from mcpilco_ros._ros_utils import DIAGNOSTICS_PERIOD
     from mcpilco_ros.trainer_node import TRAINER_PARAMETERS
 
     values = yaml.safe_load((repo / "config" / "trainer.yaml").read_text())["trainer_node"]["ros__parameters"]
-    assert set(values) == {spec.name for spec in TRAINER_PARAMETERS}
-    for spec in TRAINER_PARAMETERS:
+    specs = TRAINER_PARAMETERS + (DIAGNOSTICS_PERIOD,)   # the node preamble declares diagnostics_period
+    assert set(values) == {spec.name for spec in specs}
+    for spec in specs:
         assert type(values[spec.name]) is type(spec.default), spec.name
 
 
