@@ -62,3 +62,56 @@ def test_the_prior_model_is_named_by_the_training_config_and_the_controller_keep
     settings.write_text(f"base: {TINY}\nprior_model: model_9\n")
     with pytest.raises(Exception, match="model_9"):
         load_train_config(settings)
+
+
+def test_a_disturbance_trial_torques_the_passive_joint_only_inside_its_window(pendubot_config):
+    """The trial starts with the protocol's 0.2 s reset PID on both motors; outside it the passive joint gets
+    exactly 0, inside both joints stay within the reset limit; the learner never sees the window."""
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learning.learner import learning_data, run_on_robot
+    from mcpilco_core.simulation import MODE_CODES
+
+    controller = build_controller(pendubot_config)           # LQR + damping; zero torque far from the top
+    traj = run_on_robot(pendubot_config, controller, np.zeros(4), 1.0, "hardware_proxy", 3, np.array([2.5, -1.0]))
+    reset = traj.mode == MODE_CODES["reset"]
+    n = int(reset.sum())
+    assert n in (100, 101) and reset[:n].all()              # RealAIGym's window: while its timer <= 0.2 s
+    assert len(traj.u) == n + 500                            # the window, then the trial's 1.0 s
+    assert np.all(traj.u[~reset, 1] == 0.0)                   # pendubot: the elbow is passive
+    assert np.abs(traj.u[reset]).max() <= 6.0 and np.abs(traj.u[reset, 1]).max() > 0.5
+    assert np.abs(traj.x[n, 2:]).max() > 3.0               # it handed over a fast state
+    t, x, u = learning_data(traj)
+    assert len(u) == 500 and t[0] == 0.0 and np.all(u[:, 1] == 0.0)
+    np.testing.assert_array_equal(x, traj.extras["x_measured"][n:])   # what the sensors reported
+    assert not np.array_equal(x, traj.x[n:])                          # (noisy, delayed: not the truth)
+
+
+def test_the_prior_and_the_controller_do_not_change_when_the_robot_does(tmp_path):
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learning.learner import Learner
+
+    proxy = load_train_config(TINY, robot_profile="hardware_proxy")
+    nominal = load_train_config(TINY)
+    assert proxy.robot_profile == "hardware_proxy" and nominal.robot_profile == "nominal"
+    assert Learner(proxy).model.plant.params == Learner(nominal).model.plant.params       # model_1.1 prior
+    assert proxy.robot.fingerprint() == nominal.robot.fingerprint()
+    np.testing.assert_array_equal(build_controller(proxy.robot).design.S, build_controller(nominal.robot).design.S)
+    with pytest.raises(Exception, match="no_such_robot"):
+        load_train_config(TINY, robot_profile="no_such_robot")
+
+
+def test_a_tiny_run_on_the_proxy_learns_from_what_its_sensors_measured(tmp_path):
+    from mcpilco_core.learning.runs import RunError
+
+    settings = tmp_path / "train.yaml"
+    settings.write_text(f"base: {TINY}\nrobot_profile: hardware_proxy\n"
+                        "initial_state: {disturbance_fraction: 0.5, disturbance_from_trial: 1,\n"
+                        "  disturbance_trial_from: 1, disturbance_seeds: [1000], pool_seeds_per_trial: 1}\n")
+    config = load_train_config(settings)
+    records = train(config, tmp_path / "run")
+    assert len(records[1].disturbance_states) == 1 + 15        # the window's hand-over + one simulated seed
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["config"]["robot_profile"] == "hardware_proxy"
+    assert meta["robot_time_s"]["per_trial"][1] == pytest.approx(config.trial_duration + 0.2, abs=0.0021)
+    with pytest.raises(RunError, match="robot profile: hardware_proxy -> nominal"):
+        train(load_train_config(settings, robot_profile="nominal"), tmp_path / "run", resume=True)

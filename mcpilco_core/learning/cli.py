@@ -21,6 +21,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/pendubot_seed0")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--trials", type=int, help="override the number of trials of the config")
+    p.add_argument("--robot-profile", help="the simulated robot the trials run on (config/robot_profiles.yaml: "
+                                            "nominal, hardware_proxy, perturbed:SEED, or a file); default: the "
+                                            "training config's robot_profile")
     p.set_defaults(func=_run_train)
 
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
@@ -36,7 +39,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from .runs import RunError, train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    config = load_train_config(args.config, args.robot)
+    config = load_train_config(args.config, args.robot, robot_profile=args.robot_profile)
     if args.trials is not None:
         config = replace(config, trials=args.trials)
     try:

@@ -70,6 +70,7 @@ class InitialStateSettings:
     disturbance_seeds: tuple[int, ...] = (1000, 1001, 1002, 1003)
     disturbance_jitter: float = 0.05
     pool_seeds_per_trial: int = 3
+    disturbance_trial_from: int = 0          # 0 = never; k >= 1: trials from k on begin with a reset PID window
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class TrainConfig:
     evaluation_seeds: tuple[int, ...] = (100,)
     progress: bool = True
     prior_plant: PlantParameters | None = None    # the GP's prior model (None: the robot config's plant)
+    robot_profile: str = "nominal"                # the simulated robot the trials run on (config/robot_profiles.yaml)
 
     @property
     def model_robot(self) -> RobotConfig:
@@ -137,7 +139,7 @@ class TrainConfig:
 
 _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "backward_matmul", "rollout", "trials",
              "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
-             "initial_state", "evaluation", "progress", "prior_model"]
+             "initial_state", "evaluation", "progress", "prior_model", "robot_profile"]
 
 
 def auto_threads() -> int:
@@ -180,7 +182,7 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def load_train_config(path: str | Path, robot: str | None = None,
-                      robot_config: str | Path | None = None) -> TrainConfig:
+                      robot_config: str | Path | None = None, robot_profile: str | None = None) -> TrainConfig:
     """Read and validate a training YAML file; errors name the file and the field.
 
     ``robot_config`` (the file's field) is resolved relative to the training file unless the argument
@@ -226,7 +228,8 @@ def load_train_config(path: str | Path, robot: str | None = None,
         cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
-        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path))
+        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path),
+        robot_profile=_robot_profile(r, path, robot_profile))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
     if config.u_max > robot_cfg.torque_limit:
@@ -238,6 +241,18 @@ def load_train_config(path: str | Path, robot: str | None = None,
     if config.horizon_steps < 1:
         raise ConfigError(path, "horizon", "shorter than one policy period")
     return config
+
+
+def _robot_profile(r: ConfigReader, path: Path, override: str | None) -> str:
+    """The simulated robot (a profile name, NAME:SEED, or a file relative to the training file), checked now."""
+    from ..simulation import load_robot_profile
+
+    spec = override if override is not None else r.string("robot_profile", "nominal")
+    candidate = path.parent / spec
+    if override is None and candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        spec = str(candidate)
+    load_robot_profile(spec)          # raises ConfigError naming the profile file and field
+    return spec
 
 
 def _prior_plant(r: ConfigReader, robot_path: Path) -> PlantParameters | None:
@@ -319,7 +334,8 @@ def _initial_state_settings(r: ConfigReader) -> InitialStateSettings:
         disturbance_from_trial=r.integer("disturbance_from_trial", d.disturbance_from_trial, minimum=0),
         disturbance_seeds=tuple(_int_list(r, "disturbance_seeds", list(d.disturbance_seeds))),
         disturbance_jitter=r.number("disturbance_jitter", d.disturbance_jitter, nonnegative=True),
-        pool_seeds_per_trial=r.integer("pool_seeds_per_trial", d.pool_seeds_per_trial, minimum=0))
+        pool_seeds_per_trial=r.integer("pool_seeds_per_trial", d.pool_seeds_per_trial, minimum=0),
+        disturbance_trial_from=r.integer("disturbance_trial_from", d.disturbance_trial_from, minimum=0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,13 +401,46 @@ def initial_distribution(config: TrainConfig, trial: int, pool: np.ndarray) -> I
 # The simulated robot
 
 
-def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: float):
-    """One trial on the simulated robot (RK4 at the control period); returns the simulator Trajectory."""
-    from ..plant import DoublePendulum
-    from ..simulation import Simulator
+def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: float, profile=None, seed: int = 0,
+                 disturbance_target: np.ndarray | None = None):
+    """One trial on the simulated robot of ``profile`` (None: nominal; noise seeded by ``seed``); returns its
+    Trajectory (true states ``x``, what the sensors reported in ``extras["x_measured"]``).
 
-    sim = Simulator(DoublePendulum(config.plant), config.torque_limits, config.control_period)
-    return sim.run(controller, np.asarray(x0, dtype=np.float64), duration)
+    ``disturbance_target`` (rad, both joints): the trial begins with the protocol's 0.2 s reset PID on both
+    motors towards it (a *disturbance trial*: the data covers the fast states a global policy meets); the
+    controller acts after it, and the passive joint gets exactly 0 outside the window. The window's steps are
+    recorded with mode ``reset``.
+    """
+    from ..evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation
+    from ..plant import DoublePendulum
+    from ..simulation import drive, load_robot_profile
+
+    override = None
+    if disturbance_target is not None:
+        schedule = DisturbanceSchedule(times=np.zeros(1), targets=np.asarray(disturbance_target, float).reshape(1, 2))
+        override = ResetPerturbation(schedule, DoublePendulum(config.plant), config.control_period)
+    robot = load_robot_profile(profile).robot(config, seed, np.asarray(x0, dtype=np.float64), override=override,
+                                              override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT))
+    while override is not None and robot.in_override():     # the window first, then the trial's duration
+        robot.step(None, "reset")
+    return drive(robot, controller, int(round(duration / config.control_period)), True)
+
+
+def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t, measured states, applied torques) of a trial, with the reset window's steps cut off: what a bag of
+    the trial gives the learner (the sensors' view; the window torques the passive joint, which the model
+    never sees)."""
+    from ..simulation import MODE_CODES
+
+    x = trajectory.extras.get("x_measured", trajectory.x)
+    reset = np.flatnonzero(trajectory.mode == MODE_CODES["reset"])
+    start = int(reset[-1]) + 1 if reset.size else 0
+    return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
+
+
+def trial_noise_seed(seed: int, trial: int) -> int:
+    """The simulated robot's noise seed for one trial (from (seed, trial) only: resume-safe)."""
+    return int(np.random.SeedSequence([seed, trial, 1]).generate_state(1)[0])
 
 
 def robot_seconds(trajectory) -> float:
@@ -399,14 +448,15 @@ def robot_seconds(trajectory) -> float:
     return float(len(trajectory.u) * trajectory.dt)
 
 
-def post_disturbance_states(controller, config: RobotConfig,
-                            seeds: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """States right after each PID disturbance of the evaluation protocol (M, 4), and each seed's score."""
+def post_disturbance_states(controller, config: RobotConfig, seeds: tuple[int, ...] | list[int],
+                            profile=None) -> tuple[np.ndarray, np.ndarray]:
+    """States right after each PID disturbance of the evaluation protocol (M, 4), and each seed's score, on the
+    simulated robot of ``profile`` (None: nominal, i.e. ``config.plant`` with ideal sensors and motors)."""
     from ..evaluation import evaluate_seed
 
     states, scores = [], []
     for seed in seeds:
-        result = evaluate_seed(controller, config, seed, keep_trajectory=True)
+        result = evaluate_seed(controller, config, seed, keep_trajectory=True, profile=profile)
         traj = result.trajectory
         for _, end in result.windows:
             states.append(traj.x[min(int(round(end / traj.dt)), len(traj.x) - 1)])
@@ -461,9 +511,11 @@ class Learner:
 
     # ------------------------------------------------------------------ state
     def add_trajectory(self, trajectory) -> None:
+        """Learn from a trial as its bag would give it: measured states, applied torques, no reset window."""
         cfg = self.config.robot
-        self.data = self.data.concat(transitions_from_trajectory(trajectory.t, trajectory.x, trajectory.u,
-                                                                 cfg.policy_period, cfg.actuated_joint))
+        t, x, u = learning_data(trajectory)
+        if len(u) >= 1:
+            self.data = self.data.concat(transitions_from_trajectory(t, x, u, cfg.policy_period, cfg.actuated_joint))
 
     def restore(self, records: list[TrialRecord], initial_pool: np.ndarray) -> None:
         """Rebuild the learner after the given (complete) trials, e.g. for --resume."""
@@ -496,7 +548,7 @@ class Learner:
         x0 = initial_distribution(cfg, 0, self.pool).sample_numpy(1, rng)[0]
         start = time.perf_counter()
         traj = run_on_robot(cfg.robot, ExplorationController(cfg.robot, cfg.exploration_amplitude, rng), x0,
-                            cfg.exploration_duration)
+                            cfg.exploration_duration, cfg.robot_profile, trial_noise_seed(cfg.seed, 0))
         self.add_trajectory(traj)
         return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start}, robot_time=robot_seconds(traj))
 
@@ -531,32 +583,39 @@ class Learner:
         """Fit, optimise, run, evaluate (trial k >= 1)."""
         numpy_policy, result, timings, rng, dist = self.fit_and_optimize(k, f"trial {k} policy")
         record = TrialRecord(k, None, dist.sample_numpy(1, rng)[0], numpy_policy, self.model.to_arrays(), result)
-        self._run_and_evaluate(record, timings)
+        self._run_and_evaluate(record, timings, rng)
         return record
 
-    def _run_and_evaluate(self, record: TrialRecord, timings: dict) -> None:
+    def _run_and_evaluate(self, record: TrialRecord, timings: dict, rng: np.random.Generator) -> None:
+        """Run trial k's policy on the robot (robot time), extend the particles' pool, score it for the report."""
         from ..control import build_controller
 
-        cfg = self.config
+        cfg, s = self.config, self.config.initial_state
         start = time.perf_counter()
         controller = build_controller(cfg.robot, record.policy)
-        record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration)
+        target = None
+        if 1 <= s.disturbance_trial_from <= record.index:    # the trial begins with a reset PID window
+            target = rng.uniform(-math.pi, math.pi, size=2)
+        record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration, cfg.robot_profile,
+                                         trial_noise_seed(cfg.seed, record.index), target)
         record.robot_time = robot_seconds(record.trajectory)
         self.add_trajectory(record.trajectory)
+        handed_over = learning_data(record.trajectory)[1][:1] if target is not None else np.zeros((0, 4))
         stride = round(cfg.robot.policy_period / record.trajectory.dt)
         record.robot_cost = float(saturated_cost(torch.as_tensor(record.trajectory.x[::stride]), cfg.cost).sum())
         timings["robot"] = time.perf_counter() - start
-        s = cfg.initial_state
+        simulated = np.zeros((0, 4))
         if s.disturbance_fraction > 0 and s.pool_seeds_per_trial:
             start = time.perf_counter()      # on the learner's own model: no robot time
-            record.disturbance_states, _ = post_disturbance_states(
-                build_controller(cfg.robot, record.policy), cfg.model_robot,
-                s.disturbance_seeds[:s.pool_seeds_per_trial])
-            self.pool = np.concatenate([self.pool, record.disturbance_states])
+            simulated, _ = post_disturbance_states(build_controller(cfg.robot, record.policy), cfg.model_robot,
+                                                   s.disturbance_seeds[:s.pool_seeds_per_trial])
             timings["pool"] = time.perf_counter() - start
+        # the pool grows by the state the trial's window handed over (as measured) and the simulated ones
+        record.disturbance_states = np.concatenate([handed_over, simulated])
+        self.pool = np.concatenate([self.pool, record.disturbance_states])
         if cfg.evaluation_seeds:             # a report only: it feeds neither the learner nor any choice
             start = time.perf_counter()
             _, record.eval_scores = post_disturbance_states(build_controller(cfg.robot, record.policy), cfg.robot,
-                                                            cfg.evaluation_seeds)
+                                                            cfg.evaluation_seeds, cfg.robot_profile)
             timings["evaluation"] = time.perf_counter() - start
         record.timings = timings

@@ -71,6 +71,13 @@ class RunDirectory:
             if meta.get("config_hash") != digest:
                 raise RunError(f"{self.root} was made with another configuration "
                                f"(hash {meta.get('config_hash')}, now {digest})")
+            before = {"robot config": meta.get("robot_fingerprint"),
+                      "robot profile": meta.get("config", {}).get("robot_profile", "nominal")}
+            now = {"robot config": config.robot.fingerprint(), "robot profile": config.robot_profile}
+            changed = [f"{key}: {before[key]} -> {now[key]}" for key in now if before[key] != now[key]]
+            if changed:
+                raise RunError(f"{self.root} was made for another robot ({'; '.join(changed)}); "
+                               "resume it as it was or start a new run")
             return meta
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         self._copy_train_config(Path(config.source))
