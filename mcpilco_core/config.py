@@ -439,6 +439,35 @@ class DampingConfig:
     gain: float = setting("N m s/rad, damping gain", 0.5, low=0.0, high=1e3)
 
 
+PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
+
+
+@dataclass(frozen=True)
+class FrictionCompensationConfig:
+    """Opt-in: the passive joint's own motor cancels that joint's friction, and nothing else.
+
+    RealAIGym's hardware stage allowed up to 0.5 N m on the passive joint for this, and every real-robot entry
+    used it. Off by default: with it off the passive joint gets exactly 0, always. Torque (N m) on the passive
+    joint: clip(viscous dq + coulomb arctan(steepness dq), -limit, limit), dq its measured velocity (rad/s).
+    """
+
+    enabled: bool = setting("cancel the passive joint's friction with its motor (off: exactly 0 N m there)", False)
+    limit: float = setting("N m, bound of the compensation torque on the passive joint", 0.5, low=0.0,
+                           high=PASSIVE_COMPENSATION_MAX)
+    coulomb: float = setting("N m, the passive joint's Coulomb friction to cancel", 0.0, low=0.0,
+                             high=PASSIVE_COMPENSATION_MAX)
+    viscous: float = setting("N m s/rad, the passive joint's viscous friction to cancel", 0.0, low=0.0, high=1.0)
+    steepness: float = setting("s/rad, k of coulomb * arctan(k dq) (RealAIGym's friction model: 100)", 100.0,
+                               positive=True, high=1e4)
+
+    def torque(self, dq: float) -> float:
+        """The compensation torque (N m) for the passive joint's velocity ``dq`` (rad/s); 0 when disabled."""
+        if not self.enabled or not math.isfinite(dq):
+            return 0.0
+        u = self.viscous * dq + self.coulomb * math.atan(self.steepness * dq)
+        return min(max(u, -self.limit), self.limit)
+
+
 class RobotJoints:
     """Which joint is actuated, derived from ``self.robot`` (shared by the robot and driver configs)."""
 
@@ -479,19 +508,25 @@ class RobotConfig(RobotJoints):
     lqr: LqrConfig = section(LqrConfig)
     roa: RoaConfig = section(RoaConfig)
     damping: DampingConfig = section(DampingConfig)
+    friction_compensation: FrictionCompensationConfig = section(FrictionCompensationConfig)
     source: str | None = None
 
     @property
     def torque_limits(self) -> tuple[float, float]:
-        """Per-joint limits (N m); the passive joint's is exactly zero."""
+        """Per-joint limits (N m); the passive joint's is exactly zero (the compensation limit when the opt-in
+        friction compensation is on)."""
         limits = [0.0, 0.0]
         limits[self.actuated_joint] = self.torque_limit
+        if self.friction_compensation.enabled:
+            limits[self.passive_joint] = self.friction_compensation.limit
         return (limits[0], limits[1])
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes the controller's behaviour (for caches)."""
         data = asdict(self)
         data.pop("source", None)
+        if not self.friction_compensation.enabled:      # off: the same controller as before the option existed
+            data.pop("friction_compensation")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -545,6 +580,7 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
         raise ConfigError(source, "policy_period", "must not be shorter than control_period")
     return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=_roa_config(reader.sub("roa")),
                        damping=_damping_config(reader.sub("damping")),
+                       friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
                        source=str(source) if source is not None else None, **values)
 
 

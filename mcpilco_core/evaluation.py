@@ -155,9 +155,11 @@ class EvaluationResult:
     windows: list
     trajectory: Trajectory | None = field(default=None, repr=False)
     robot_profile: str = "nominal"
+    friction_compensation: bool = False   # the opt-in passive-joint friction compensation was on (reported apart)
 
     def to_dict(self) -> dict:
-        return {"seed": self.seed, "robot_profile": self.robot_profile, "score": self.score, "uptime": self.uptime,
+        return {"seed": self.seed, "robot_profile": self.robot_profile,
+                "friction_compensation": self.friction_compensation, "score": self.score, "uptime": self.uptime,
                 "passive_max_torque": self.passive_max_torque,
                 "passive_max_applied_torque": self.passive_max_applied_torque,
                 "mode_fractions": self.mode_fractions, "disturbance_windows": self.windows}
@@ -187,7 +189,8 @@ def evaluate_seed(controller, config: RobotConfig, seed: int, duration: float = 
         passive_max_torque=float(np.max(np.abs(traj.u_cmd[:, passive]))),
         passive_max_applied_torque=float(applied.max()) if applied.size else 0.0,
         mode_fractions=fractions, windows=perturbation.windows,
-        trajectory=traj if keep_trajectory else None, robot_profile=profile.label)
+        trajectory=traj if keep_trajectory else None, robot_profile=profile.label,
+        friction_compensation=config.friction_compensation.enabled)
 
 
 def _mode_name(code: int) -> str:

@@ -68,12 +68,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(f"seed {r.seed:>4d}  score {r.score:.4f}  uptime {r.uptime:6.2f} s  "
               f"passive max |tau| {r.passive_max_torque:.1f} N m")
     summary = summarize(results)
+    compensation = config.friction_compensation.enabled
     print(f"{args.robot} / {args.controller} / robot profile {profile.label}: score {summary['mean']:.4f} "
           f"+- {summary['std']:.4f} over {summary['n']} seed(s) ({elapsed:.1f} s)")
+    if compensation:
+        print(f"NOTE: passive-joint friction compensation was ON (<= {config.friction_compensation.limit} N m on "
+              "the passive joint): report this score apart from scores without it")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"robot": args.robot, "controller": args.controller, "config": spec.config_path,
-                   "robot_profile": profile.label,
+                   "robot_profile": profile.label, "friction_compensation": compensation,
                    "summary": summary, "seeds": [r.to_dict() for r in results], "wall_time_s": elapsed}
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")

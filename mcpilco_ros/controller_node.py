@@ -344,6 +344,7 @@ class ControllerNode(ConfiguredNode):
         step = self.step_time.summary(1e6)
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
+                  "friction_compensation": self.config.friction_compensation.enabled,
                   "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
                   "rho": self.supervisor.rho, "states_received": self.states_received,
                   "commands_published": self.commands_published,

@@ -10,7 +10,9 @@ Priority, evaluated at every state (500 Hz):
 5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
 
 x~ is the state with multi-turn angles wrapped (q1 around pi, q2 around 0); the policy sees sin/cos only.
-The passive joint's torque is exactly 0.0 in every mode, and the actuated one is clipped to its limit.
+The passive joint's torque is exactly 0.0 in every mode, and the actuated one is clipped to its limit -- unless
+the robot config turns on the opt-in ``friction_compensation``: then in the policy, LQR and damping modes the
+passive joint's own motor cancels that joint's friction (bounded by its limit, <= 0.5 N m), nothing else.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class Supervisor:
         u[self._act] = min(max(u_act, -self._limit), self._limit) if math.isfinite(u_act) else 0.0
         if not math.isfinite(u_act):
             self._enter_safe()
+        elif self._mode != "idle":       # opt-in, off by default: then the passive joint gets exactly 0
+            u[1 - self._act] = self.config.friction_compensation.torque(x[3 - self._act])
         return u
 
     # ---------------------------------------------------------------- modes

@@ -133,7 +133,8 @@ class TrainConfig:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["robot"] = {"robot": self.robot.robot, "source": self.robot.source,
-                         "fingerprint": self.robot.fingerprint()}
+                         "fingerprint": self.robot.fingerprint(),
+                         "friction_compensation": self.robot.friction_compensation.enabled}
         return data
 
 

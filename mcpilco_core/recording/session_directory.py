@@ -47,7 +47,8 @@ class SessionDirectory:
         info = {"robot": config.robot, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "config": {"source": config.source, "fingerprint": config.fingerprint(),
                            "policy_period_s": config.policy_period, "control_period_s": config.control_period,
-                           "plant_model": config.plant.name},
+                           "plant_model": config.plant.name,
+                           "friction_compensation": config.friction_compensation.enabled},
                 "notes": notes, "trials": []}
         session = cls(root, info)
         session.save()
@@ -64,6 +65,11 @@ class SessionDirectory:
             raise TrialError(f"{root / SESSION_FILE}: not a session file (no 'robot')")
         info.setdefault("trials", [])
         return cls(root, info)
+
+    @property
+    def friction_compensation(self) -> bool:
+        """Whether the session's controller compensated the passive joint's friction (every bag says so)."""
+        return bool(self.info.get("config", {}).get("friction_compensation", False))
 
     @property
     def robot(self) -> str:
@@ -92,7 +98,8 @@ class SessionDirectory:
         final = self.bag_path(index)
         recorder = TrialRecorder(final, storage=storage, version=version, topics=topics, flush_period=flush_period,
                                  custom_data={"robot": self.robot, "trial": str(index),
-                                              "policy_version": policy_version})
+                                              "policy_version": policy_version,
+                                              "friction_compensation": str(self.friction_compensation).lower()})
         self.info["trials"].append({"index": index, "bag": final.name, "status": "recording",
                                     "start": time.strftime("%Y-%m-%dT%H:%M:%S"), "start_unix_s": time.time(),
                                     "policy_version": policy_version, "policy_path": str(policy_path),

@@ -1,0 +1,74 @@
+"""Balance on a robot that is not the model: catch rate of the supervisor's LQR (designed from the robot config's
+plant) on a robot profile, from states at given levels of the LQR cost-to-go V (issue: the robot is not the model).
+
+    python benchmarks/bench_balance.py --profiles nominal hardware_proxy --levels 0.5 1 4 --samples 200
+
+A start is *caught* when, after ``--horizon`` s on the simulated robot (with its sensors and motors), the state is
+within 0.2 rad (q1) / 0.3 rad (q2) of upright. Rows with
+``compensation`` use the robot config's opt-in passive-joint friction compensation (model_1.0's friction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mcpilco_core.config import FrictionCompensationConfig, load_plant_parameters, load_robot_config  # noqa: E402
+from mcpilco_core.control import build_controller  # noqa: E402
+from mcpilco_core.control.roa import sample_sublevel_states  # noqa: E402
+from mcpilco_core.plant import wrap_state  # noqa: E402
+from mcpilco_core.simulation import drive, load_robot_profile  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "config"
+
+
+def caught_fraction(config, profile, x0s: np.ndarray, horizon: float) -> float:
+    supervisor = build_controller(config)
+    caught = 0
+    for i, x0 in enumerate(x0s):
+        robot = load_robot_profile(profile).robot(config, i, x0)
+        traj = drive(robot, supervisor, int(round(horizon / config.control_period)))
+        err = wrap_state(traj.x[-1]) - supervisor.design.goal
+        caught += bool(np.isfinite(err).all() and abs(err[0]) < 0.2 and abs(err[1]) < 0.3)
+    return caught / len(x0s)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--robots", nargs="+", default=["pendubot", "acrobot"])
+    parser.add_argument("--profiles", nargs="+", default=["nominal", "hardware_proxy"])
+    parser.add_argument("--levels", type=float, nargs="+", default=[0.5, 1.0, 4.0], help="V / rho of the starts")
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--horizon", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=5)
+    args = parser.parse_args()
+    friction = load_plant_parameters(CONFIG / "plant_models.yaml", "model_1.0")
+    print("| robot | profile | compensation | " + " | ".join(f"V = {v} rho" for v in args.levels) + " |")
+    print("|---|---|---|" + "---|" * len(args.levels))
+    for robot in args.robots:
+        config = load_robot_config(CONFIG / f"{robot}.yaml")
+        passive = config.passive_joint
+        compensated = dataclasses.replace(config, friction_compensation=FrictionCompensationConfig(
+            enabled=True, limit=0.5, coulomb=friction.cf[passive], viscous=friction.b[passive]))
+        supervisor = build_controller(config)
+        rng = np.random.default_rng(args.seed)
+        starts = {v: sample_sublevel_states(supervisor.design, np.full(args.samples, v * supervisor.rho), rng)
+                  for v in args.levels}
+        for profile in args.profiles:
+            for label, cfg in (("off", config), ("on", compensated)):
+                if label == "on" and profile == "nominal":
+                    continue
+                rates = [caught_fraction(cfg, profile, starts[v], args.horizon) for v in args.levels]
+                print(f"| {robot} | {profile} | {label} | " + " | ".join(f"{r:.2f}" for r in rates) + " |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
