@@ -324,3 +324,55 @@ def test_fast_joint_state_parser_matches_rosbags():
         for mine, theirs in zip((parsed.position, parsed.velocity, parsed.effort),
                                 (reference.position, reference.velocity, reference.effort)):
             assert np.array_equal(mine, theirs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad samples (issue 13 item 4): non-finite, absurd, out of order or far-off stamps
+
+
+def _bag_with(path: Path, x: np.ndarray, applied: np.ndarray, stamps: np.ndarray) -> Path:
+    """States x[k] with effort applied[k] stamped stamps[k] (ns), written in this order; commands answer them."""
+    recorder = recording.TrialRecorder(path)
+    for k, ns in enumerate(stamps):
+        ns = int(ns)
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], applied[k]), T0 + k * DT_NS)
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=applied[k], frame="policy"),
+                       T0 + k * DT_NS + 1000)
+    return recorder.close()
+
+
+def test_bad_samples_are_dropped_with_a_count_and_the_intervals_they_touch_are_invalid(tmp_path, pendubot_config):
+    x, applied, _, _ = simple_trial(501)                      # 1 s at 500 Hz: q1 = 0.5 t, 0.5 N m applied
+    stamps = T0 + np.arange(501) * DT_NS
+    # trial time of state k is (k - 1) * 2 ms (state 0 is dropped); interval i is [20 i, 20 i + 20) ms
+    x[105, 0] = np.nan                                        # interval 10
+    x[155, 3] = np.inf                                        # interval 15
+    x[255, 2] = 1e200                                         # interval 25
+    applied[305, 0] = -np.inf                                 # interval 30
+    stamps[0] = 0                                             # one state stamped 0: once asked for 633 GiB
+    stamps[405] = T0 - 10**9                                  # out of order, 1 s before the trial: interval 40
+    stamps[455] = (2**31 - 1) * 10**9                         # out of order, year 2038: interval 45
+    stamps[500] = T0 + 10**15                                 # the last one, 11 days later
+    trial = recording.load_trial(_bag_with(tmp_path / "bag", x, applied, stamps), pendubot_config)
+    assert np.isfinite(trial.x).all() and np.isfinite(trial.u).all()
+    assert trial.t[-1] == pytest.approx(0.98) and len(trial) == 49          # the span of the good samples
+    assert "4 joint_states sample(s) with non-finite or absurd values" in " ".join(trial.notes)
+    assert "4 joint_states sample(s) stamped out of order or far outside the trial" in " ".join(trial.notes)
+    assert list(np.flatnonzero(~trial.valid)) == [10, 15, 25, 30, 40, 45]
+    np.testing.assert_allclose(trial.x[:, 0], 0.5 * (trial.t + 0.002), atol=1e-12)
+    np.testing.assert_allclose(trial.u[trial.valid, 0], 0.5)
+
+
+def test_a_bag_without_usable_states_is_skipped_with_the_reason(tmp_path, pendubot_config):
+    x, applied, _, _ = simple_trial(101)
+    x[:, 1] = np.nan
+    _bag_with(tmp_path / "s" / "nan", x, applied, T0 + np.arange(101) * DT_NS)
+    x, applied, _, _ = simple_trial(101)
+    _bag_with(tmp_path / "s" / "long", x, applied, T0 + np.arange(101) * 10**11)   # 100 s apart: 10 000 s
+    x, applied, _, _ = simple_trial(101)
+    _bag_with(tmp_path / "s" / "good", x, applied, T0 + np.arange(101) * DT_NS)
+    result = recording.load_sessions([tmp_path / "s"], pendubot_config)
+    assert [Path(t.source).name for t in result.trials] == ["good"]
+    reasons = {Path(p.path).name: p.reason for p in result.problems}
+    assert "0 usable joint_states" in reasons["nan"] and "101 dropped" in reasons["nan"]
+    assert "longer than" in reasons["long"] and "3600" in reasons["long"]

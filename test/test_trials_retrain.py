@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_trials import write_stream
+from test_trials import DT_NS, T0, joint_state, write_stream
 
 from mcpilco_core import recording
 from mcpilco_core.learning.learner import ExplorationController, run_on_robot
@@ -66,3 +66,43 @@ def test_retrain_refuses_without_usable_trials(tmp_path, tiny_config, capsys):
     code = retrain_main(["retrain", "--sessions", str(tmp_path / "empty"), "--out", str(tmp_path / "run"),
                          "--config", str(tiny_config)])
     assert code == 2 and "usable transitions" in capsys.readouterr().err
+
+
+def _bad_trial(session: recording.SessionDirectory, config, seed: int, spoil) -> None:
+    """A simulated trial of the session in which ``spoil(x, stamps)`` changed some states or stamps."""
+    traj = run_on_robot(config, ExplorationController(config, 3.0, np.random.default_rng(seed)), np.zeros(4), 1.0)
+    x, applied = traj.x.copy(), np.vstack([np.zeros((1, 2)), traj.u])
+    stamps = T0 + np.arange(len(x)) * DT_NS
+    spoil(x, stamps)
+    recorder = session.start_trial("none")
+    for k in range(len(x)):
+        recorder.write(recording.STATE_TOPIC, joint_state(int(stamps[k]), x[k, :2], x[k, 2:], applied[k]),
+                       T0 + k * DT_NS)
+        if k < len(traj.u_cmd):
+            recorder.write(recording.COMMAND_TOPIC, joint_state(int(stamps[k]), effort=traj.u_cmd[k], frame="policy"),
+                           T0 + k * DT_NS + 1000)
+    session.finish_trial(recorder)
+
+
+def test_bags_with_nan_inf_huge_values_or_a_zero_stamp_never_stop_retraining(tmp_path, pendubot_config,
+                                                                             tiny_config, capsys):
+    """Issue 13 item 4: each of these once stopped ``mcpilco retrain`` (Cholesky failure, 633 GiB grid)."""
+    session = simulated_session(tmp_path / "s", pendubot_config, seeds=(1,))
+    _bad_trial(session, pendubot_config, 2, lambda x, t: x.__setitem__((100, 2), np.nan))
+    _bad_trial(session, pendubot_config, 3, lambda x, t: x.__setitem__((200, 0), np.inf))
+    _bad_trial(session, pendubot_config, 4, lambda x, t: x.__setitem__((300, 3), 1e200))
+    _bad_trial(session, pendubot_config, 5, lambda x, t: t.__setitem__(250, 0))
+    _bad_trial(session, pendubot_config, 6, lambda x, t: x.__setitem__((slice(None), 1), np.nan))   # nothing left
+    out = tmp_path / "run"
+    args = ["retrain", "--sessions", str(session.root), "--out", str(out), "--config", str(tiny_config), "--json"]
+    assert retrain_main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["trials"] == 5 and 5 * 48 <= result["transitions"] < 5 * 50
+    assert len(result["skipped"]) == 1 and "trial_005" in result["skipped"][0]
+    assert "0 usable joint_states" in result["skipped"][0]
+    notes = {Path(source).name: text for source, text in result["notes"].items()}
+    assert sorted(notes) == ["trial_001", "trial_002", "trial_003", "trial_004"]
+    assert "1 joint_states sample(s) with non-finite or absurd values" in notes["trial_001"][0]
+    assert "1 joint_states sample(s) stamped out of order" in notes["trial_004"][0]
+    assert "trial_004" in (out / "log.txt").read_text()
+    assert np.isfinite(load_policy(result["policy"], robot="pendubot").weights).all()

@@ -52,10 +52,12 @@ class RetrainResult:
     skipped: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     final_cost: float | None = None
+    notes: dict[str, list[str]] = field(default_factory=dict)   # bag -> what was dropped from it
 
     def to_dict(self) -> dict:
         return {"index": self.index, "policy": str(self.policy_path), "policy_version": self.policy_version,
                 "trials": self.trials, "transitions": self.transitions, "skipped": self.skipped,
+                "notes": self.notes,
                 "timings_s": self.timings, "final_model_cost": self.final_cost}
 
 
@@ -159,6 +161,10 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
     skipped = [str(p) for p in loaded.problems]
     for problem in skipped:
         run.log(f"skipped {problem}")
+    notes = {trial.source: list(trial.notes) for trial in loaded.trials if trial.notes}
+    for source, lines in notes.items():
+        for line in lines:
+            run.log(f"{source}: {line}")
     data = loaded.transitions(config.robot.actuated_joint)
     if len(data) < MIN_TRANSITIONS:
         raise RetrainError(f"only {len(data)} usable transitions in {[str(s) for s in sessions]} "
@@ -180,7 +186,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
     np.savez(run.models / f"model_{index:03d}.npz", **model_arrays)
     path = run.export(new_policy, index, retrain=index, trials=len(loaded.trials))
     result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
-                           opt.cost[-1] if opt.cost else None)
+                           opt.cost[-1] if opt.cost else None, notes)
     run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
                                             "warm_start_model": str(model_file or ""),
                                             "warm_start_policy": str(policy_file or ""),
@@ -277,6 +283,8 @@ def _run_retrain(args: argparse.Namespace) -> int:
     else:
         for problem in result.skipped:
             print(f"skipped {problem}")
+        for source, lines in result.notes.items():
+            print("\n".join(f"{source}: {line}" for line in lines))
         print(f"retrain {result.index}: {result.trials} trials, {result.transitions} transitions -> "
               f"{result.policy_path} (version {result.policy_version})")
     return 0

@@ -4,6 +4,7 @@ torque = time-average of the applied torque over each interval). Unreadable or m
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import struct
@@ -46,10 +47,12 @@ class BagProblem:
 
 @dataclass
 class RawTrial:
-    """A bag's streams as arrays (header-stamp times in ns, SI units), before resampling.
+    """A bag's streams as arrays (header-stamp times in ns, SI units), in the order the bag received them, as
+    recorded: nothing is dropped or sorted here (:func:`resample` checks the samples).
 
     state_t (n,), q (n, 2) rad, dq (n, 2) rad/s, effort (n, 2) or (0, 2) N m (applied over the step ending at
-    the stamp); command_t (m,), command_u (m, 2) N m, command_mode (m,) supervisor mode names.
+    the stamp; (0, 2) when some state carried no effort); command_t (m,), command_u (m, 2) N m, command_mode
+    (m,) supervisor mode names.
     """
 
     path: str
@@ -182,7 +185,11 @@ def _decode(path: Path, reader, connections) -> RawTrial:
     commands: list[tuple] = []
     problems = 0
     for connection, _, data in reader.messages(connections=connections):
-        msg = parse_joint_state(data)
+        try:
+            msg = parse_joint_state(data)
+        except Exception:  # noqa: BLE001 -- a malformed CDR message (struct, unicode, index errors): skip it
+            problems += 1
+            continue
         order = _joint_order(msg.name)
         if order is None:
             problems += 1
@@ -196,7 +203,7 @@ def _decode(path: Path, reader, connections) -> RawTrial:
         elif len(msg.effort) == 2:
             commands.append((msg.stamp, float(msg.effort[order[0]]), float(msg.effort[order[1]]), msg.frame_id))
     if problems:
-        LOG.warning("%s: %d message(s) with other joint names or lengths ignored", path, problems)
+        LOG.warning("%s: %d malformed message(s) or with other joint names or lengths ignored", path, problems)
     return _raw_from_rows(str(path), states, commands)
 
 
@@ -211,24 +218,20 @@ def _state_row(msg: _JointState, order: tuple[int, int]) -> tuple | None:
     i, j = order
     if len(msg.position) != 2 or len(msg.velocity) != 2:
         return None
-    effort = (float(msg.effort[i]), float(msg.effort[j])) if len(msg.effort) == 2 else (math.nan, math.nan)
+    has_effort = len(msg.effort) == 2
+    effort = (float(msg.effort[i]), float(msg.effort[j])) if has_effort else (math.nan, math.nan)
     return (float(msg.position[i]), float(msg.position[j]), float(msg.velocity[i]), float(msg.velocity[j]),
-            *effort)
+            *effort, float(has_effort))
 
 
 def _raw_from_rows(path: str, states: list[tuple], commands: list[tuple]) -> RawTrial:
-    s = np.array(states, dtype=np.float64).reshape(-1, 7)
+    s = np.array([r[1:] for r in states], dtype=np.float64).reshape(-1, 7)
     t_ns = np.array([r[0] for r in states], dtype=np.int64)
-    order = np.argsort(t_ns, kind="stable")
-    t_ns, s = t_ns[order], s[order]
-    keep = np.concatenate([[True], np.diff(t_ns) > 0]) if len(t_ns) else np.zeros(0, bool)  # drop duplicates
-    t_ns, s = t_ns[keep], s[keep]
-    effort = s[:, 5:7] if len(s) and np.isfinite(s[:, 5:7]).all() else np.zeros((0, 2))
+    effort = s[:, 4:6] if len(s) and s[:, 6].all() else np.zeros((0, 2))
     c_ns = np.array([r[0] for r in commands], dtype=np.int64)
-    corder = np.argsort(c_ns, kind="stable")
-    cu = np.array([(r[1], r[2]) for r in commands], dtype=np.float64).reshape(-1, 2)[corder]
-    modes = [commands[k][3] or UNKNOWN_MODE for k in corder]
-    return RawTrial(path, t_ns, s[:, 1:3], s[:, 3:5], effort, c_ns[corder], cu, modes)
+    cu = np.array([(r[1], r[2]) for r in commands], dtype=np.float64).reshape(-1, 2)
+    modes = [r[3] or UNKNOWN_MODE for r in commands]
+    return RawTrial(path, t_ns, s[:, 0:2], s[:, 2:4], effort, c_ns, cu, modes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,30 +242,137 @@ def _raw_from_rows(path: str, states: list[tuple], commands: list[tuple]) -> Raw
 class ResampleSettings:
     """max_gap: s, a hole in the state stream longer than this invalidates the intervals it touches;
     passive_tolerance: N m, more applied torque than this on the passive joint invalidates an interval (e.g. the
-    simulated robot's disturbance PID); min_states: bags with fewer states are refused."""
+    simulated robot's disturbance PID); min_states: bags with fewer usable states are refused;
+    max_position (rad), max_velocity (rad/s), max_effort (N m): a state beyond these (or not finite) is dropped;
+    max_duration: s, a trial longer than this (after dropping bad stamps) is refused, which bounds the grid."""
 
     max_gap: float = 0.01
     passive_tolerance: float = 0.1
     min_states: int = 10
+    max_position: float = 1e3
+    max_velocity: float = 1e3
+    max_effort: float = 1e3
+    max_duration: float = 3600.0
+
+
+@dataclass
+class _CleanStates:
+    """The usable states in stamp order; ``hole`` (n-1,) marks consecutive kept states with a dropped state
+    between them (the intervals they span are not used for the model); ``notes`` says what was dropped."""
+
+    t_ns: np.ndarray
+    q: np.ndarray
+    dq: np.ndarray
+    effort: np.ndarray
+    hole: np.ndarray
+    notes: list[str]
+    dropped: int
+
+
+def _increasing_subsequence(values: np.ndarray) -> np.ndarray:
+    """Indices of a longest strictly increasing subsequence of ``values`` (O(n log n), the earliest on ties):
+    the states whose stamps agree with the order they arrived in."""
+    if len(values) < 2 or bool((np.diff(values) > 0).all()):
+        return np.arange(len(values))            # the usual case: already in order
+    tails: list[int] = []            # tails[k]: index ending the best increasing run of length k + 1
+    tail_values: list[int] = []
+    parent = [-1] * len(values)
+    for i, v in enumerate(values.tolist()):
+        k = bisect.bisect_left(tail_values, v)
+        if k > 0:
+            parent[i] = tails[k - 1]
+        if k == len(tails):
+            tails.append(i)
+            tail_values.append(v)
+        else:
+            tails[k] = i
+            tail_values[k] = v
+    out = []
+    i = tails[-1] if tails else -1
+    while i >= 0:
+        out.append(i)
+        i = parent[i]
+    return np.asarray(out[::-1], dtype=np.int64)
+
+
+def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
+    """Drop states with non-finite or absurd values, stamps out of arrival order, and stamps far outside the
+    span the others cover (a state stamped 0, or years off); say how many of each."""
+    n = len(raw.state_t)
+    values = np.column_stack([raw.q, raw.dq]) if n else np.zeros((0, 4))
+    bad = ~np.isfinite(values).all(axis=1)
+    with np.errstate(invalid="ignore"):
+        bad |= (np.abs(raw.q) > settings.max_position).any(axis=1)
+        bad |= (np.abs(raw.dq) > settings.max_velocity).any(axis=1)
+        if len(raw.effort):
+            bad |= ~np.isfinite(raw.effort).all(axis=1) | (np.abs(raw.effort) > settings.max_effort).any(axis=1)
+    candidates = np.flatnonzero(~bad)
+    keep = candidates[_increasing_subsequence(raw.state_t[candidates])] if len(candidates) else candidates
+    if len(keep) > 2:
+        # the span the states cover: stamps more than the trial's own length (+ 1 s) away from the median are off
+        stamps = raw.state_t[keep]
+        step = float(np.median(np.diff(stamps)))
+        reach = 2.0 * len(keep) * step + 1e9
+        keep = keep[np.abs((stamps - np.median(stamps)).astype(np.float64)) <= reach]
+    values_dropped = int(bad.sum())
+    stamps_dropped = n - values_dropped - len(keep)
+    notes = []
+    if values_dropped:
+        notes.append(f"dropped {values_dropped} joint_states sample(s) with non-finite or absurd values "
+                     f"(|q| > {settings.max_position:g} rad, |dq| > {settings.max_velocity:g} rad/s or "
+                     f"|effort| > {settings.max_effort:g} N m)")
+    if stamps_dropped:
+        notes.append(f"dropped {stamps_dropped} joint_states sample(s) stamped out of order or far outside the "
+                     "trial's time span")
+    hole = np.diff(keep) > 1 if len(keep) else np.zeros(0, bool)
+    effort = raw.effort[keep] if len(raw.effort) else raw.effort
+    return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes, n - len(keep))
+
+
+def _clean_commands(raw: RawTrial) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """Commands with finite torques, in stamp order (the stamp only picks the newest command at a time)."""
+    finite = np.isfinite(raw.command_u).all(axis=1) if len(raw.command_u) else np.zeros(0, bool)
+    idx = np.flatnonzero(finite)
+    idx = idx[np.argsort(raw.command_t[idx], kind="stable")]
+    notes = []
+    if len(finite) - len(idx):
+        notes.append(f"dropped {len(finite) - len(idx)} joint_commands message(s) with non-finite torques")
+    return raw.command_t[idx], raw.command_u[idx], [raw.command_mode[k] for k in idx], notes
 
 
 def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = ResampleSettings()) -> TrialData:
-    """The trial at the policy period: states interpolated at the grid, applied torque averaged per interval."""
-    if len(raw.state_t) < settings.min_states:
-        raise TrialError(f"{raw.path}: only {len(raw.state_t)} usable joint_states message(s)")
+    """The trial at the policy period: states interpolated at the grid, applied torque averaged per interval.
+
+    Bad states are dropped first (non-finite or absurd values, stamps out of order or far outside the trial:
+    counted in the trial's ``notes``); the intervals around a dropped state are not used for the model. A trial
+    with too few usable states, or longer than ``settings.max_duration``, raises TrialError with the reason.
+    """
+    clean = _clean_states(raw, settings)
+    if len(clean.t_ns) < settings.min_states:
+        dropped = f" ({clean.dropped} dropped: {'; '.join(clean.notes)})" if clean.dropped else ""
+        raise TrialError(f"{raw.path}: only {len(clean.t_ns)} usable joint_states message(s){dropped}")
+    command_t, command_u, command_mode, command_notes = _clean_commands(raw)
+    raw = RawTrial(raw.path, clean.t_ns, clean.q, clean.dq, clean.effort, command_t, command_u, command_mode,
+                   raw.custom)
     t = (raw.state_t - raw.state_t[0]) * 1e-9
     period = float(config.policy_period)
+    if t[-1] > settings.max_duration:
+        raise TrialError(f"{raw.path}: its usable states span {t[-1]:.0f} s, longer than max_duration "
+                         f"{settings.max_duration:g} s")
     n = int(math.floor(t[-1] / period + 1e-9))
     if n < 1:
         raise TrialError(f"{raw.path}: shorter than one policy period ({t[-1]:.4f} s < {period} s)")
     grid = np.arange(n + 1) * period
     x = np.column_stack([np.interp(grid, t, col) for col in (*raw.q.T, *raw.dq.T)])
     u, source, torque_valid = _interval_torque(raw, t, grid, config)
-    valid = _gap_free(t, grid, settings.max_gap) & torque_valid
+    valid = _gap_free(t, grid, settings.max_gap, clean.hole) & torque_valid
     valid &= np.abs(u[:, config.passive_joint]) <= settings.passive_tolerance
     mode = _interval_modes(raw, grid)
+    notes = clean.notes + command_notes
+    for note in notes:
+        LOG.warning("%s: %s", raw.path, note)
     return TrialData(robot=config.robot, period=period, t=grid, x=x, u=u, mode=mode, valid=valid, source=raw.path,
-                     policy_version=raw.custom.get("policy_version", ""), torque_source=source)
+                     policy_version=raw.custom.get("policy_version", ""), torque_source=source, notes=notes)
 
 
 def _interval_torque(raw: RawTrial, t: np.ndarray, grid: np.ndarray,
@@ -285,9 +395,13 @@ def _interval_torque(raw: RawTrial, t: np.ndarray, grid: np.ndarray,
     return u, COMMAND_TOPIC, idx >= 0
 
 
-def _gap_free(t: np.ndarray, grid: np.ndarray, max_gap: float) -> np.ndarray:
-    """True for intervals [grid_k, grid_k+1] that no state-stream gap longer than ``max_gap`` s overlaps."""
-    gaps = np.flatnonzero(np.diff(t) > max_gap)
+def _gap_free(t: np.ndarray, grid: np.ndarray, max_gap: float, hole: np.ndarray | None = None) -> np.ndarray:
+    """True for intervals [grid_k, grid_k+1] that no state-stream gap longer than ``max_gap`` s overlaps, nor
+    any gap ``hole`` marks (a dropped state: ``hole[j]`` for the gap between states j and j + 1)."""
+    gaps = np.diff(t) > max_gap
+    if hole is not None:
+        gaps |= hole
+    gaps = np.flatnonzero(gaps)
     valid = np.ones(len(grid) - 1, bool)
     for g in gaps:
         first = max(int(np.searchsorted(grid, t[g], side="right")) - 1, 0)
@@ -390,6 +504,9 @@ def load_sessions(paths: Iterable[str | Path], config: RobotConfig,
                 result.trials.append(load_trial(bag, config, robot, settings))
             except TrialError as exc:
                 result.problems.append(BagProblem(str(bag), str(exc).removeprefix(f"{bag}: ")))
+            except Exception as exc:  # noqa: BLE001 -- a defect here must not stop the other bags either
+                LOG.exception("%s: unexpected error while reading the bag", bag)
+                result.problems.append(BagProblem(str(bag), f"unexpected error: {type(exc).__name__}: {exc}"))
     for problem in result.problems:
         LOG.warning("skipped %s", problem)
     return result
