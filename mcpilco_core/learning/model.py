@@ -182,6 +182,17 @@ class DynamicsModel:
         self.posterior = build_posterior(self.hyper, inputs, targets, subsets, device, dtype)
 
     # ------------------------------------------------------------------ prediction
+    def one_step_errors(self, data: TransitionData) -> dict[str, np.ndarray]:
+        """Per-joint errors (rad/s) of the predicted velocity change over one policy period on ``data``: the
+        prior alone, and the prior + the GP's mean (what the model learnt). Keys ``prior``, ``learned``: (N, 2)."""
+        if self.posterior is None:
+            raise RuntimeError("the model has not been fitted")
+        inputs, residual = self.residual_targets(data)
+        packed = self.posterior.packed
+        mean, _ = self.posterior.predict(torch.as_tensor(inputs, dtype=packed.dtype, device=packed.device),
+                                         include_noise=False)
+        return {"prior": residual, "learned": residual - mean.detach().cpu().double().numpy()}
+
     def step(self, x: torch.Tensor, policy, noise: torch.Tensor | None) -> torch.Tensor:
         """One transition of particles x (P, 4) under ``policy`` (features phi (P, 6) -> torque (P,)).
 

@@ -1,0 +1,64 @@
+"""What the GP learns: one-step prediction error of the prior alone vs the learned model, per joint, on trials the
+model was not fitted on.
+
+    python benchmarks/bench_model_error.py runs/pendubot_proxy [runs/other ...]
+
+Trial k's model (trials/trial_k/model.npz) was fitted on trials 0..k-1 before trial k ran, so trial k's own data
+(what its sensors measured, the reset window cut off) is held out for it. Prints, per run and trial, the RMS error
+(rad/s) of the velocity change over one policy period for each joint: prior (the training config's prior model)
+and learned (prior + GP mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mcpilco_core.learning.learner import learning_data  # noqa: E402
+from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
+from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
+from mcpilco_core.recording.transitions import transitions_from_trajectory  # noqa: E402
+
+
+def run_errors(root: Path) -> list[dict]:
+    run = RunDirectory(root)
+    config = run.load_config()
+    rows = []
+    for k in run.completed_trials():
+        record = run.load_trial(k, config.robot.robot)
+        if record.model_arrays is None:
+            continue
+        model = DynamicsModel(config.model_robot, config.gp)
+        model.load_arrays(record.model_arrays, "cpu")
+        t, x, u = learning_data(record.trajectory)
+        data = transitions_from_trajectory(t, x, u, config.robot.policy_period, config.robot.actuated_joint)
+        errors = model.one_step_errors(data)
+        rms = {name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}
+        rows.append({"trial": k, "n": len(data), **{f"{name}_{j}": float(rms[name][j]) for name in rms
+                                                    for j in range(2)}})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, nargs="+")
+    args = parser.parse_args()
+    for root in args.runs:
+        config = RunDirectory(root).load_config()
+        print(f"\n{root} (robot {config.robot.robot}, robot profile {config.robot_profile}, prior "
+              f"{config.model_robot.plant.name}): RMS one-step error of the velocity change (rad/s), held out")
+        print("| trial | transitions | prior q1 | learned q1 | prior q2 | learned q2 |")
+        print("|---|---|---|---|---|---|")
+        for r in run_errors(root):
+            print(f"| {r['trial']} | {r['n']} | {r['prior_0']:.3f} | {r['learned_0']:.3f} | {r['prior_1']:.3f} | "
+                  f"{r['learned_1']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
