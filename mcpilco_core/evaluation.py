@@ -142,6 +142,67 @@ class ResetPerturbation:
         return self.pid.torque(q, self.schedule.targets[i]) - self.plant.gravity_vector(q)
 
 
+class DisturbanceWindow:
+    """One reset window of the protocol on its own: a *disturbance* (e.g. at the start of a disturbance trial).
+
+    The protocol's PID (Kp 10, Ki 0.1, Kd 1, its own dt of 1 ms, a fresh error history) plus gravity
+    compensation on both joints towards ``target`` (rad, both joints), from step ``start`` on for the protocol's
+    window length: exactly :class:`ResetPerturbation` with a one-entry schedule at time 0, counted from
+    ``start`` (100 steps of 2 ms on the protocol clock from 0). Use it as a
+    :class:`~mcpilco_core.simulation.SimulatedRobot` override, or call it once per step from a driver's loop;
+    the caller applies its own torque limits (the PID's own clip is 6 N m).
+    ``steps``: steps run so far; ``finished``: the window is over (it never acts again).
+    """
+
+    def __init__(self, target: Sequence[float] | np.ndarray, plant: DoublePendulum, dt: float = DT,
+                 start: int = 0) -> None:
+        self.target = np.asarray(target, dtype=np.float64).reshape(2).copy()
+        if not np.all(np.isfinite(self.target)):
+            raise ValueError(f"disturbance target must be finite, got {self.target}")
+        self.start = int(start)
+        self.dt = float(dt)
+        self._reset = ResetPerturbation(DisturbanceSchedule(times=np.zeros(1), targets=self.target.reshape(1, 2)),
+                                        plant, dt)
+        self.steps = 0
+        self.finished = False
+
+    def __call__(self, k: int, t: float, x: Sequence[float]) -> np.ndarray | None:
+        """Torques (N m, both joints) for step k from the measured state x, or None outside the window."""
+        if self.finished or k < self.start:
+            return None
+        u = self._reset(k - self.start, t, tuple(x))
+        if u is None:
+            self.finished = True
+            return None
+        self.steps += 1
+        return u
+
+    @property
+    def active(self) -> bool:
+        """Whether the window has started and is not over."""
+        return self.steps > 0 and not self.finished
+
+    @property
+    def duration(self) -> float:
+        """Seconds of window run so far (steps dt)."""
+        return self.steps * self.dt
+
+
+class DisturbanceTargets:
+    """Seeded random targets of disturbance windows: window n drives both joints towards the n-th pair of
+    ``np.random.default_rng(seed).uniform(-pi, pi, 2)`` (rad), as the protocol's targets are drawn in [-pi, pi)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._rng = np.random.default_rng(self.seed)
+        self.count = 0
+
+    def next(self) -> np.ndarray:
+        """The next target (2,) in rad."""
+        self.count += 1
+        return self._rng.uniform(-np.pi, np.pi, size=2)
+
+
 @dataclass
 class EvaluationResult:
     """One seed's outcome. Torques in N m, times in s."""

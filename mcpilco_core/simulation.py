@@ -214,6 +214,12 @@ class SimulatedRobot:
         """Whether the override (e.g. a reset window) acts at the current step."""
         return self._override_now() is not None
 
+    def rearm_override(self) -> None:
+        """Ask the override again for the current step: call it after arming an override that was idle when
+        the current step's override was already evaluated (e.g. a disturbance window started between a published
+        state and its command). Only for overrides whose idle calls have no side effects."""
+        self._override_k = -1
+
     def _override_now(self) -> np.ndarray | None:
         """The override's torques for the current step, or None; evaluated once per step (its clocks and the
         PID's history advance exactly once per step)."""

@@ -27,10 +27,25 @@ the controller is not told, it keeps receiving states; ``protocol.publish_during
 windows from it instead, which is exactly the evaluator's computation). ``duration`` > 0 ends the run after that much
 simulated time: the score is logged and, with ``record_file``, the trajectory (t, x, u, u_cmd, mode codes,
 disturbance windows, score) is written as .npz; ``exit_when_done`` then ends the process.
+
+``~/disturb`` (std_srvs/Trigger) starts one *disturbance window* (a disturbance trial's start, DESIGN.md sections 5
+and 8): from the current step, the protocol's reset PID (``mcpilco_core.evaluation.DisturbanceWindow``: Kp 10,
+Ki 0.1, Kd 1 with the PID's 1 ms dt, plus gravity compensation) drives both joints for 0.2 s (100 steps of 2 ms)
+towards a random target (``disturbance.seed``: window n uses the n-th draw of ``DisturbanceTargets``), bounded
+on both joints by ``disturbance.torque_limit`` (<= 6 N m, the protocol's). Commands are ignored meanwhile;
+outside the window the passive joint gets exactly 0 as always. The answer's message is JSON (window index,
+target rad, seed, torque limit, start step); diagnostics name the window while it runs. Refused while one runs,
+after ``~/stop``, or with ``protocol.enabled`` (the protocol runs its own windows). A window's steps do not
+count towards ``duration``: the run lasts ``duration`` s after it, as a disturbance trial of the learner does.
+
+Every ``joint_states`` message measured inside a window (reset PID or protocol reset: the torque applied over
+the step before it or the step after it comes from the PID) has ``header.frame_id = "reset"`` (else ""):
+the recording reader never gives those intervals to the model (the passive joint is torqued there).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -41,7 +56,13 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 
 from mcpilco_core.config import JOINT_NAMES, ConfigError
-from mcpilco_core.evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation
+from mcpilco_core.evaluation import (
+    RESET_TORQUE_LIMIT,
+    DisturbanceSchedule,
+    DisturbanceTargets,
+    DisturbanceWindow,
+    ResetPerturbation,
+)
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.simulation import load_robot_profile
 
@@ -51,6 +72,7 @@ from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSp
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
 WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes an unanswered state this often
+RESET_FRAME = "reset"            # joint_states.header.frame_id of the states measured inside a reset window
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
@@ -63,11 +85,16 @@ SIM_PARAMETERS: tuple[ParamSpec, ...] = (
               "hardware_proxy, hardware_proxy_nonoise, perturbed), NAME:SEED, or a profile YAML file; its noise is "
               "seeded by protocol.seed"),
     ParamSpec("protocol.enabled", False, "run the evaluation protocol's disturbance schedule"),
-    ParamSpec("protocol.seed", 0, "seed of the disturbance schedule", 0, 2**31 - 1),
+    ParamSpec("protocol.seed", 0, "seed of the disturbance schedule and of the robot profile's noise", 0,
+              2**32 - 1),
     ParamSpec("protocol.publish_during_resets", True, "publish joint_states during the disturbance windows (the "
               "controller keeps seeing the robot, as on hardware); false = the evaluator's exact computation, in "
               "which the controller is not called during a window"),
-    ParamSpec("duration", 0.0, "s of simulated time, then stop (0 = until stopped)", 0.0, 1e7),
+    ParamSpec("disturbance.torque_limit", RESET_TORQUE_LIMIT, "N m on both joints during a ~/disturb window "
+              "(the protocol's reset PID); 0 refuses ~/disturb", 0.0, RESET_TORQUE_LIMIT),
+    ParamSpec("disturbance.seed", 0, "seed of the ~/disturb windows' random targets", 0, 2**32 - 1),
+    ParamSpec("duration", 0.0, "s of simulated time (not counting ~/disturb windows), then stop (0 = until "
+              "stopped)", 0.0, 1e7),
     ParamSpec("record_file", "", ".npz file for the trajectory at the end of duration ('' = none)"),
     ParamSpec("exit_when_done", False, "end the process when duration is over"),
 )
@@ -91,6 +118,12 @@ class SimDriverNode(ConfiguredNode):
         self.perturbation = (ResetPerturbation(DisturbanceSchedule.from_seed(self.seed), self.plant, self.dt)
                              if own["protocol.enabled"] else None)
         self.publish_during_resets = bool(own["protocol.publish_during_resets"])
+        self.disturbance_limit = float(own["disturbance.torque_limit"])
+        self.targets = DisturbanceTargets(int(own["disturbance.seed"]))
+        self.window: DisturbanceWindow | None = None     # the newest ~/disturb window
+        self.windows: list[dict] = []                    # every ~/disturb window: index, target, start/end step
+        self._window_steps = 0                           # steps run inside ~/disturb windows (beyond duration)
+        self._last_step_reset = False                    # the step that led to the current state was a window's
         self.duration = float(own["duration"])
         self.record_file = str(own["record_file"])
         self.exit_when_done = bool(own["exit_when_done"])
@@ -116,12 +149,14 @@ class SimDriverNode(ConfiguredNode):
             self.profile = load_robot_profile(str(own["robot_profile"]))
         except ConfigError as exc:
             raise ParameterError(f"parameter 'robot_profile': {exc}") from exc
-        self.robot = self.profile.robot(self.config, self.seed, x0, override=self.perturbation,
-                                        override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), record=self._record)
+        limit = RESET_TORQUE_LIMIT if self.perturbation is not None else self.disturbance_limit
+        self.robot = self.profile.robot(self.config, self.seed, x0, override=self._override,
+                                        override_limits=(limit, limit), record=self._record)
 
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
         self.create_service(Trigger, "~/stop", self._on_stop)
+        self.create_service(Trigger, "~/disturb", self._on_disturb)
         if self.mode == "realtime":
             self.create_timer(self.dt, self._tick)
         else:
@@ -142,9 +177,28 @@ class SimDriverNode(ConfiguredNode):
     def stopped(self) -> bool:
         return self.robot.stopped
 
+    def _override(self, k: int, t: float, x: tuple):
+        """The robot's override: the evaluation protocol's resets, or a ~/disturb window (never both)."""
+        if self.perturbation is not None:
+            return self.perturbation(k, t, x)
+        if self.window is None:
+            return None
+        u = self.window(k, t, x)
+        if u is None and self.window.finished and self.windows[-1]["end_step"] is None:
+            self.windows[-1]["end_step"] = k
+            self.get_logger().info(f"disturbance window {self.windows[-1]['index']} over after "
+                                   f"{self.window.steps} steps")
+        return u
+
     def _advance(self, command: tuple[float, float], mode: str) -> None:
         """One step of the simulated robot with ``command`` (N m; the robot applies limits, resets, stop)."""
+        reset = self.robot.in_override() and not self.robot.stopped
+        disturbance = reset and self.perturbation is None
         self.robot.step(command, mode)
+        self._last_step_reset = reset
+        if disturbance and self._n_steps:
+            self._window_steps += 1
+            self._n_steps += 1          # a window's steps come on top of duration
         if self._n_steps and self.robot.k >= self._n_steps:
             self._finish()
 
@@ -201,6 +255,8 @@ class SimDriverNode(ConfiguredNode):
             msg.header.stamp = self.get_clock().now().to_msg()
             ns = stamp_ns(msg)
         msg.name = list(JOINT_NAMES)
+        if self._last_step_reset or (self.robot.in_override() and not self.robot.stopped):
+            msg.header.frame_id = RESET_FRAME
         q1, q2, dq1, dq2 = self.robot.measurement()
         msg.position = [float(q1), float(q2)]
         msg.velocity = [float(dq1), float(dq2)]
@@ -238,10 +294,34 @@ class SimDriverNode(ConfiguredNode):
         response.message = "stopped: zero torque on both joints (latched until restart)"
         return response
 
+    def _on_disturb(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.start_disturbance()
+        self.get_logger().info(f"~/disturb: {response.message}")
+        return response
+
+    def start_disturbance(self) -> tuple[bool, str]:
+        """Start a disturbance window at the current step (module docstring); (accepted, JSON or reason)."""
+        if self.perturbation is not None:
+            return False, "refused: protocol.enabled runs the evaluation protocol's own reset windows"
+        if self.disturbance_limit <= 0.0:
+            return False, "refused: disturbance.torque_limit is 0"
+        if self.stopped or self.finished:
+            return False, f"refused: the simulated robot is {'stopped' if self.stopped else 'finished'}"
+        if self._window_armed():
+            return False, f"refused: disturbance window {self.windows[-1]['index']} is still running"
+        target = self.targets.next()
+        self.window = DisturbanceWindow(target, self.plant, self.dt, start=self.k)
+        self.robot.rearm_override()      # the current step's (idle) override may have been asked already
+        info = {"index": len(self.windows), "target": [float(v) for v in target], "seed": self.targets.seed,
+                "torque_limit": self.disturbance_limit, "start_step": self.k, "start_time_s": self.k * self.dt,
+                "end_step": None}
+        self.windows.append(info)
+        return True, json.dumps({k: v for k, v in info.items() if k != "end_step"})
+
     def _finish(self) -> None:
         self.finished = True
         if self._record:
-            traj = self.robot.finish(self.duration)
+            traj = self.robot.finish(self.duration + self._window_steps * self.dt)
             self.score = traj.score
             windows = np.array(self.perturbation.windows if self.perturbation else np.zeros((0, 2)))
             path = Path(self.record_file)
@@ -250,6 +330,9 @@ class SimDriverNode(ConfiguredNode):
                      x_measured=traj.extras["x_measured"],
                      windows=windows.reshape(-1, 2), score=self.score, seed=self.seed,
                      robot=self.config.robot, robot_profile=self.profile.label,
+                     disturbance_windows=np.array([[w["start_step"], w["end_step"] if w["end_step"] is not None
+                                                    else self.k] for w in self.windows], dtype=np.int64).reshape(-1, 2),
+                     disturbance_targets=np.array([w["target"] for w in self.windows]).reshape(-1, 2),
                      lockstep_timeouts=self.counters["lockstep_timeouts"],
                      stale_steps=self.counters["stale_steps"], republished=self.counters["republished"])
             self.get_logger().info(f"done after {self.duration} s: score {self.score:.4f}, trajectory {path}")
@@ -259,12 +342,19 @@ class SimDriverNode(ConfiguredNode):
         if self.exit_when_done:
             self.done.set()
 
+    def _window_armed(self) -> bool:
+        """A ~/disturb window was started and is not over."""
+        return self.window is not None and not self.window.finished and not self.robot.stopped
+
     def publish_diagnostics(self) -> None:
         period = self.tick_period.summary(1e3)
         if self.stopped:
             level, message = ERROR, "stopped (~/stop)"
         elif self.finished:
             level, message = OK, f"finished: score {self.score}" if self.score is not None else "finished"
+        elif self._window_armed():
+            level, message = OK, (f"disturbance window {self.windows[-1]['index']} towards "
+                                  f"{[round(v, 4) for v in self.windows[-1]['target']]} rad")
         elif self.mode == "lockstep" and not self.started:
             level, message = WARN, "lockstep: waiting for the first command"
         else:
@@ -273,6 +363,12 @@ class SimDriverNode(ConfiguredNode):
                   "applied_torque": list(self.robot.applied),
                   "rate_hz": 1e3 / period["mean"] if period["mean"] == period["mean"] else math.nan,
                   "period_p50_ms": period["p50"], "period_p99_ms": period["p99"], "period_max_ms": period["max"]}
+        last = self.windows[-1] if self.windows else None
+        values.update({"disturbance_active": self._window_armed(),
+                       "disturbance_windows": len(self.windows), "disturbance_seed": self.targets.seed,
+                       "disturbance_torque_limit": self.disturbance_limit,
+                       "disturbance_target": last["target"] if last else [],
+                       "disturbance_steps": self.window.steps if self.window is not None else 0})
         values.update(self.counters)
         self.publish_status("simulated robot", level, message, values)
 

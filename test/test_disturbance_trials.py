@@ -1,0 +1,163 @@
+"""Disturbance trials on the (simulated) robot: ``sim_driver_node``'s ``~/disturb`` runs one window of the
+protocol's reset PID (mcpilco_core.evaluation.DisturbanceWindow) towards a seeded random target, bounded by its
+own torque limit, marked in diagnostics and in joint_states (frame_id "reset"); outside it the passive joint
+gets exactly 0. The same window offline (the learner's run_on_robot) gives the same numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mcpilco_core.config import load_robot_config
+from mcpilco_core.evaluation import (
+    DisturbanceSchedule,
+    DisturbanceTargets,
+    DisturbanceWindow,
+    ResetPerturbation,
+)
+from mcpilco_core.plant import DoublePendulum
+from mcpilco_core.simulation import MODE_CODES, load_robot_profile
+
+pytest.importorskip("rclpy")
+from _ros_helpers import CONFIG, Peer, rig, status_values, wait_for  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from sensor_msgs.msg import JointState  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
+
+from mcpilco_ros._messages import CONTROL_QOS  # noqa: E402
+from mcpilco_ros._ros_utils import ParameterError, stamp_ns  # noqa: E402
+from mcpilco_ros.sim_driver_node import RESET_FRAME, SimDriverNode  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+PENDUBOT = load_robot_config(CONFIG / "pendubot.yaml")
+
+
+def test_window_is_the_protocols_reset_pid_from_its_start_step():
+    """100 steps of 2 ms, the same torques as ResetPerturbation's one-entry schedule, shifted to its start."""
+    plant = DoublePendulum(PENDUBOT.plant)
+    target = np.array([1.0, -2.0])
+    window = DisturbanceWindow(target, plant, 0.002, start=7)
+    reference = ResetPerturbation(DisturbanceSchedule(times=np.zeros(1), targets=target.reshape(1, 2)), plant, 0.002)
+    rng = np.random.default_rng(0)
+    assert window(6, 0.0, (0.0, 0.0, 0.0, 0.0)) is None and window.steps == 0 and not window.active
+    for k in range(7, 7 + 120):
+        x = tuple(rng.normal(size=4))
+        u, expected = window(k, k * 0.002, x), reference(k - 7, 0.0, x)
+        if expected is None:
+            assert u is None
+        else:
+            np.testing.assert_array_equal(u, expected)
+    assert window.steps == 100 and window.finished and window(200, 0.0, (0.0,) * 4) is None
+    targets = DisturbanceTargets(3)
+    first = targets.next()
+    assert np.all(np.abs(first) <= np.pi) and targets.count == 1
+    np.testing.assert_array_equal(first, np.random.default_rng(3).uniform(-np.pi, np.pi, 2))
+
+
+class AnsweringPeer(Peer):
+    """Answers every state at once with the same command (what a controller does in lockstep)."""
+
+    def __init__(self, context, effort=(5.0, 7.0)) -> None:
+        super().__init__(context, "joint_commands", "joint_states", name="answering_peer")
+        self.effort = effort
+        self.answering = False
+        self.create_subscription(JointState, "joint_states", self._answer, CONTROL_QOS)
+
+    def _answer(self, msg: JointState) -> None:
+        if self.answering:
+            answer = JointState()
+            answer.header.stamp = msg.header.stamp
+            answer.name = ["shoulder", "elbow"]
+            answer.effort = [float(v) for v in self.effort]
+            self.pub.publish(answer)
+
+
+def make_sim(context, **overrides) -> SimDriverNode:
+    params = {"diagnostics_period": 0.1, **overrides}
+    return SimDriverNode(context=context, cli_args=["--ros-args", "--params-file", str(CONFIG / "pendubot.yaml")],
+                         parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+
+
+def offline(x0, target, limit: float, steps: int, command=(5.0, 7.0), profile: str = "nominal"):
+    """The same disturbance trial without ROS: the window from x0, then ``steps`` steps of ``command``."""
+    window = DisturbanceWindow(target, DoublePendulum(PENDUBOT.plant), PENDUBOT.control_period)
+    robot = load_robot_profile(profile).robot(PENDUBOT, 0, x0, override=window, override_limits=(limit, limit))
+    while robot.in_override():
+        robot.step(None, "reset")
+    for _ in range(steps):
+        robot.step(command, "other")
+    return robot.finish()
+
+
+def test_sim_driver_disturb_runs_one_bounded_marked_window_then_the_passive_joint_gets_zero(tmp_path):
+    x0 = [0.2, 0.0, 0.0, 0.0]
+    record = tmp_path / "trial.npz"
+    with rig() as r:
+        sim = r.add(make_sim(r.context, mode="lockstep", initial_state=x0, duration=0.1, record_file=str(record),
+                             **{"disturbance.seed": 3, "disturbance.torque_limit": 4.0}))
+        peer = r.add(AnsweringPeer(r.context))
+        client = peer.create_client(Trigger, "/sim_driver_node/disturb")
+        r.start()
+        wait_for(lambda: len(peer.received) >= 1, what="state 0")
+        answer = r.call(client, Trigger.Request())
+        assert answer.success, answer.message
+        info = json.loads(answer.message)
+        expected_target = DisturbanceTargets(3).next()
+        assert info["index"] == 0 and info["seed"] == 3 and info["torque_limit"] == 4.0 and info["start_step"] == 0
+        np.testing.assert_array_equal(info["target"], expected_target)
+        again = r.call(client, Trigger.Request())
+        assert not again.success and "still running" in again.message
+
+        def diagnostics_say(active: bool, windows: int):
+            def predicate():
+                st = peer.last_status("sim_driver_node")
+                values = status_values(st) if st is not None else {}
+                return values.get("disturbance_active") == str(active) and \
+                    values.get("disturbance_windows") == str(windows)
+            return predicate
+
+        wait_for(diagnostics_say(True, 1), what="diagnostics: window armed")
+        assert "disturbance window 0" in peer.last_status("sim_driver_node").message
+        peer.answering = True
+        peer.pub.publish(JointState(name=["shoulder", "elbow"], effort=[5.0, 7.0]))   # answers state 0 (stamp 0)
+        wait_for(lambda: sim.finished, what="trial over (window + 0.1 s)")
+        wait_for(diagnostics_say(False, 1), what="diagnostics: window over")
+
+    data = np.load(record)
+    mode, u = data["mode"], data["u"]
+    window = mode == MODE_CODES["reset"]
+    assert window[:100].all() and not window[100:].any() and len(mode) == 100 + 50   # duration after the window
+    assert np.abs(u[window]).max() == 4.0 and np.abs(u[window, 1]).max() > 0.5     # bounded; the passive torqued
+    assert np.all(u[~window, 1] == 0.0) and np.all(u[~window, 0] == 5.0)           # then exactly 0 / the command
+    np.testing.assert_array_equal(data["disturbance_windows"], [[0, 100]])
+    np.testing.assert_array_equal(data["disturbance_targets"], [expected_target])
+    reference = offline(x0, expected_target, 4.0, 50)
+    np.testing.assert_array_equal(data["x"], reference.x)
+    np.testing.assert_array_equal(u, reference.u)
+    # joint_states: every state a window step led to or leaves from is marked, none after it
+    frames = {stamp_ns(m) // 2_000_000: m.header.frame_id for m in peer.received}
+    assert all(frames[k] == RESET_FRAME for k in range(1, 101))
+    assert all(frames[k] == "" for k in range(101, 150))   # the last state (150) is not published
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"protocol.enabled": True}, "protocol"),
+    ({"disturbance.torque_limit": 0.0}, "torque_limit is 0"),
+])
+def test_sim_driver_refuses_a_window_it_cannot_run(overrides, words):
+    with rig() as r:
+        sim = r.add(make_sim(r.context, mode="lockstep", **overrides))
+        ok, message = sim.start_disturbance()
+        assert not ok and words in message and sim.window is None
+
+
+def test_sim_driver_refuses_a_window_after_stop_and_a_limit_above_6():
+    with rig() as r:
+        sim = r.add(make_sim(r.context, mode="lockstep"))
+        sim.robot.stopped = True
+        ok, message = sim.start_disturbance()
+        assert not ok and "stopped" in message
+        with pytest.raises(ParameterError, match="disturbance.torque_limit"):
+            make_sim(r.context, **{"disturbance.torque_limit": 6.5})
