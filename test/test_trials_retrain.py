@@ -106,3 +106,22 @@ def test_bags_with_nan_inf_huge_values_or_a_zero_stamp_never_stop_retraining(tmp
     assert "1 joint_states sample(s) stamped out of order" in notes["trial_004"][0]
     assert "trial_004" in (out / "log.txt").read_text()
     assert np.isfinite(load_policy(result["policy"], robot="pendubot").weights).all()
+
+
+def test_retrain_refuses_a_run_or_session_directory_and_names_a_damaged_history(tmp_path, pendubot_config,
+                                                                                tiny_config, capsys):
+    session = simulated_session(tmp_path / "s", pendubot_config, seeds=(1,))
+    before = sorted(p.name for p in session.root.iterdir())
+    for out in (session.root, tmp_path / "run"):
+        if out.name == "run":
+            out.mkdir()
+            (out / "run.json").write_text("{}")
+        code = retrain_main(["retrain", "--sessions", str(session.root), "--out", str(out), "--config",
+                             str(tiny_config)])
+        assert code == 2 and f"{out} is a" in capsys.readouterr().err
+    assert sorted(p.name for p in session.root.iterdir()) == before
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "retrain.json").write_text("{damaged")
+    code = retrain_main(["retrain", "--sessions", str(session.root), "--out", str(tmp_path / "r"), "--config",
+                         str(tiny_config)])
+    assert code == 2 and "retrain.json: damaged" in capsys.readouterr().err

@@ -29,6 +29,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
     p.add_argument("policy", type=Path, help="policy file (.npz of this package, or a run's policy.npz)")
     p.add_argument("--realaigym", type=Path, required=True, help="output: RealAIGym MC-PILCO pickle (.np)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
     p.set_defaults(func=_run_export)
 
 
@@ -54,6 +55,9 @@ def _run_train(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from ..policy import export_realaigym, load_policy
 
+    if args.realaigym.exists() and not args.force:
+        print(f"error: {args.realaigym} exists; pass --force to replace it", file=sys.stderr)
+        return 2
     policy = load_policy(args.policy)
     if abs(policy.u_max - 3.0) > 1e-12:
         print(f"warning: u_max is {policy.u_max} N m but RealAIGym's loader assumes 3 N m", file=sys.stderr)

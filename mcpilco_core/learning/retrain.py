@@ -73,17 +73,31 @@ class RetrainDirectory:
         self.policies = self.root / "policies"
         self.models = self.root / "models"
 
-    def history(self) -> list[dict]:
+    def _read_history(self) -> dict:
+        """retrain.json's content ({} if absent); RetrainError naming the file if it is damaged."""
         path = self.root / "retrain.json"
         if not path.is_file():
-            return []
-        return json.loads(path.read_text(encoding="utf-8")).get("retrains", [])
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RetrainError(f"{path}: damaged ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("retrains", []), list):
+            raise RetrainError(f"{path}: damaged (not an object with a list of retrains)")
+        return data
+
+    def history(self) -> list[dict]:
+        return self._read_history().get("retrains", [])
 
     def prepare(self, config) -> None:
-        """Create the folders; refuse a directory that holds another robot's retrains."""
+        """Create the folders; refuse a training run or session directory (nothing there is ever replaced) and
+        a directory that holds another robot's retrains."""
+        for marker, kind in (("run.json", "a training run (mcpilco train)"), ("session.yaml", "a session")):
+            if (self.root / marker).exists():
+                raise RetrainError(f"{self.root} is {kind} ({marker}), not a retrain directory: choose another --out")
         history_path = self.root / "retrain.json"
         if history_path.is_file():
-            robot = json.loads(history_path.read_text(encoding="utf-8")).get("robot")
+            robot = self._read_history().get("robot")
             if robot != config.robot.robot:
                 raise RetrainError(f"{self.root}: holds retrains of the {robot}, not the {config.robot.robot}")
         self.policies.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,8 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -61,24 +63,40 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ creation
     def create(self, config: TrainConfig, resume: bool) -> dict:
-        """Create (or, with ``resume``, reopen and check) the directory; returns run.json's content."""
+        """Create (or, with ``resume``, reopen and check) the directory; returns run.json's content.
+
+        Refused with a :class:`RunError` naming the directory: a run without ``resume``; a non-empty directory
+        without run.json (a session, a retrain directory, anything else: nothing in it is ever replaced); with
+        ``resume``, a damaged run.json, another training configuration, robot config or robot profile (the
+        message lists what changed)."""
         meta_path = self.root / "run.json"
         digest = config_hash(config.source)
         if meta_path.exists():
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
             if not resume:
                 raise RunError(f"{self.root} already holds a run; pass --resume to continue it or choose --out")
+            meta = read_json(meta_path, "run.json")
             if meta.get("config_hash") != digest:
+                changes = _differences(meta.get("config"), _plain(config.to_dict()), skip=("source", "robot"))
                 raise RunError(f"{self.root} was made with another configuration "
-                               f"(hash {meta.get('config_hash')}, now {digest})")
+                               f"(hash {meta.get('config_hash')}, now {digest}"
+                               + (f"; changed: {changes}" if changes else "") + ")")
             before = {"robot config": meta.get("robot_fingerprint"),
-                      "robot profile": meta.get("config", {}).get("robot_profile", "nominal")}
+                      "robot profile": (meta.get("config") or {}).get("robot_profile", "nominal")}
             now = {"robot config": config.robot.fingerprint(), "robot profile": config.robot_profile}
             changed = [f"{key}: {before[key]} -> {now[key]}" for key in now if before[key] != now[key]]
+            if before["robot config"] != now["robot config"]:
+                settings = self._robot_differences(config)
+                if settings:
+                    changed.append(f"robot settings changed: {settings}")
             if changed:
                 raise RunError(f"{self.root} was made for another robot ({'; '.join(changed)}); "
                                "resume it as it was or start a new run")
             return meta
+        if self.root.is_dir() and any(self.root.iterdir()):
+            found = sorted(p.name for p in self.root.iterdir())
+            shown = ", ".join(found[:6]) + (", ..." if len(found) > 6 else "")
+            raise RunError(f"{self.root} is not empty and holds no run.json, so it is not a run directory "
+                           f"(it holds {shown}); nothing was written: choose a new or empty --out")
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         self._copy_train_config(Path(config.source))
         if config.robot.source:
@@ -89,6 +107,18 @@ class RunDirectory:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config.to_dict()}
         meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         return meta
+
+    def _robot_differences(self, config: TrainConfig) -> str:
+        """The robot settings that differ from the run's copy of its robot config ("" if that copy is unreadable)."""
+        from dataclasses import asdict
+
+        from ..config import ConfigError, load_robot_config
+
+        try:
+            before = load_robot_config(self.root / "robot_config.yaml")
+        except (ConfigError, OSError):
+            return ""
+        return _differences(_plain(asdict(before)), _plain(asdict(config.robot)), skip=("source",))
 
     def _copy_train_config(self, source: Path) -> None:
         """The training file as given, or with a ``base`` the resolved settings (the run stays self-describing)."""
@@ -169,27 +199,37 @@ class RunDirectory:
         tmp.replace(meta_path)
 
     def load_trial(self, k: int, robot: str) -> TrialRecord:
+        """A complete trial's record from its files; a damaged file is a RunError naming it and what is wrong."""
         path = self.trial_path(k)
-        with np.load(path / "data.npz") as d:
-            traj = Trajectory(t=d["t"], x=d["x"], u=d["u"], u_cmd=d["u_cmd"], mode=d["mode"])
-            x0 = d["x0"]
+        with _reading(path / "data.npz"):
+            with np.load(path / "data.npz") as d:
+                traj = Trajectory(t=d["t"], x=d["x"], u=d["u"], u_cmd=d["u_cmd"], mode=d["mode"])
+                x0 = d["x0"]
+            if traj.x.ndim != 2 or traj.x.shape[1:] != (4,) or len(traj.t) != len(traj.x) or len(x0) != 4:
+                raise ValueError(f"arrays of inconsistent shapes (t {traj.t.shape}, x {traj.x.shape}, "
+                                 f"x0 {np.shape(x0)})")
         record = TrialRecord(k, traj, x0)
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        record.eval_scores = np.asarray(summary.get("eval_scores", []), dtype=float)
-        record.robot_cost = float(summary.get("robot_cost") or float("nan"))
-        record.robot_time = float(summary.get("robot_time_s", len(traj.u) * traj.dt))   # older runs: the trial
-        record.timings = summary.get("timings_s", {})
+        summary = read_json(path / "summary.json", "summary.json")
+        with _reading(path / "summary.json"):
+            record.eval_scores = np.asarray(summary.get("eval_scores", []), dtype=float)
+            record.robot_cost = float(summary.get("robot_cost") or float("nan"))
+            record.robot_time = float(summary.get("robot_time_s", len(traj.u) * traj.dt))   # older runs: the trial
+            record.timings = dict(summary.get("timings_s", {}))
         if (path / "policy.npz").exists():
-            record.policy = load_policy(path / "policy.npz", robot=robot)
+            with _reading(path / "policy.npz"):
+                record.policy = load_policy(path / "policy.npz", robot=robot)
         if (path / "model.npz").exists():
-            with np.load(path / "model.npz") as m:
-                record.model_arrays = {key: m[key] for key in m.files}
+            with _reading(path / "model.npz"):
+                with np.load(path / "model.npz") as m:
+                    record.model_arrays = {key: m[key] for key in m.files}
         if (path / "optimization.npz").exists():
-            with np.load(path / "optimization.npz") as o:
-                record.optimization = OptimizationResult(cost=o["cost"].tolist(), lr=o["lr"].tolist(),
-                                                         dropout=o["dropout"].tolist(), ratio=o["ratio"].tolist(),
-                                                         wall_time=float(o["wall_time"]))
-        record.disturbance_states = np.load(path / "disturbance_states.npy")
+            with _reading(path / "optimization.npz"):
+                with np.load(path / "optimization.npz") as o:
+                    record.optimization = OptimizationResult(cost=o["cost"].tolist(), lr=o["lr"].tolist(),
+                                                             dropout=o["dropout"].tolist(), ratio=o["ratio"].tolist(),
+                                                             wall_time=float(o["wall_time"]))
+        with _reading(path / "disturbance_states.npy"):
+            record.disturbance_states = np.load(path / "disturbance_states.npy")
         return record
 
     # ------------------------------------------------------------------ plots
@@ -218,6 +258,58 @@ class RunDirectory:
         from ..plotting import save_figure
 
         return save_figure(fig, self.root / "learning_curves.png")
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Any failure while reading ``path`` becomes a RunError naming the file and what is wrong."""
+    try:
+        yield
+    except RunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- numpy, zipfile, pickle-refusal, shape errors: all one message
+        if isinstance(exc, KeyError):
+            name = str(exc.args[0]).split(" is not a file")[0] if exc.args else "?"   # numpy: 'x is not a file...'
+            what = f"array {name!r} missing"
+        else:
+            what = f"{type(exc).__name__}: {exc}"
+        raise RunError(f"{path}: damaged or incomplete ({what}); move the trial directory away to redo the run "
+                       "from there, or start a new run") from exc
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; RunError naming the file if it is unreadable, not JSON or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot read {what}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path}: {what} is damaged: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: {what} is damaged: not a JSON object (a {type(data).__name__})")
+    return data
+
+
+def _plain(data):
+    """``data`` as JSON would store it (tuples -> lists, other objects -> str), to compare with run.json."""
+    return json.loads(json.dumps(data, default=str))
+
+
+def _differences(before, now, skip: tuple[str, ...] = (), prefix: str = "", limit: int = 12) -> str:
+    """``key: old -> new`` for every setting that differs (dotted keys into nested sections)."""
+    out: list[str] = []
+
+    def walk(a, b, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for name in sorted(set(a) | set(b)):
+                if not key and name in skip:
+                    continue
+                walk(a.get(name, "(absent)"), b.get(name, "(absent)"), f"{key}.{name}" if key else name)
+        elif a != b:
+            out.append(f"{key}: {a} -> {b}")
+
+    walk(before if isinstance(before, dict) else {}, now, prefix)
+    return ", ".join(out[:limit]) + (f", ... ({len(out)} in all)" if len(out) > limit else "")
 
 
 def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[TrialRecord]:
