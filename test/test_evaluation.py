@@ -47,6 +47,36 @@ def test_pid_history_is_never_cleared():
     assert np.all(np.abs(small) < 6.0)
 
 
+def test_pid_history_carries_from_one_window_into_the_next(pendubot_plant):
+    """The second window's first torque uses the first window's errors: its integral holds all of them and its
+    derivative is taken against the first window's last error; a PID cleared between windows gives another."""
+    first_target, second_target = np.array([0.3, -0.3]), np.array([0.301, -0.299])
+    schedule = DisturbanceSchedule(times=np.array([0.1, 1.0]), targets=np.array([first_target, second_target]))
+    perturbation = ResetPerturbation(schedule, pendubot_plant, DT)
+    rest = (0.0, 0.0, 0.0, 0.0)   # held at rest: every error of a window is its target
+    gravity = pendubot_plant.gravity_vector(np.zeros(2))
+    k, first_window = 0, []
+    while (u := perturbation(k, k * DT, rest)) is None:
+        k += 1
+    while u is not None:                    # the first window, step by step
+        first_window.append(u)
+        k += 1
+        u = perturbation(k, k * DT, rest)
+    while (u := perturbation(k, k * DT, rest)) is None:
+        k += 1
+    second_first = u                        # the second window's first torque
+    n = len(first_window)
+    assert n in (100, 101) and [round(w[0] / DT) for w in perturbation.windows] == [50, 500]
+    kp, ki, kd = 10.0, 0.1, 1.0
+    integral = (n * first_target + second_target) * 0.001
+    derivative = (second_target - first_target) / 0.001          # 1 rad/s on each joint
+    expected = kp * second_target + ki * integral + kd * derivative - gravity
+    np.testing.assert_allclose(second_first, expected, rtol=0, atol=1e-12)
+    cleared = ResetPid().torque(np.zeros(2), second_target) - gravity   # a fresh history: no derivative yet
+    np.testing.assert_allclose(cleared, kp * second_target + ki * second_target * 0.001 - gravity, rtol=0, atol=1e-12)
+    assert np.all(np.abs(second_first - cleared) > 0.9)        # the carried derivative alone is 1 N m
+
+
 def test_reset_windows_follow_the_schedule(pendubot_plant):
     """Windows on RealAIGym's accumulated clock (t += dt): from the first step with t >= the reset time, for as
     long as t - t_start <= 0.2 s: 101 or 100 steps as the roundoff falls, exactly."""
@@ -66,6 +96,10 @@ def test_reset_windows_follow_the_schedule(pendubot_plant):
         seen = [[round(a / DT), round((b - a) / DT)] for a, b in perturbation.windows]
         assert seen == expected and len(active) == sum(n for _, n in expected)
         assert {n for _, n in expected} == {100, 101}
+        active_set = set(active)
+        assert all(start in active_set and start - 1 not in active_set for start, _ in expected)
+        if seed == 0:
+            assert expected[0] == [1983, 101]   # RealAIGym's own run (test_realaigym_reference.py)
 
 
 def test_reset_torque_includes_gravity_compensation(pendubot_plant):
@@ -86,26 +120,76 @@ def test_uptime_on_constructed_trajectories(pendubot_plant):
     half = hanging.copy()
     half[:15000] = GOAL
     assert uptime(t, half, pendubot_plant) == pytest.approx(30.0)
-    # exactly on the line is not "strictly above": cos(q1) chosen so that the height is 0.45 m exactly
-    on_line = np.zeros((30001, 4))
-    on_line[:, 0] = math.acos(-0.45 / 0.5)
-    height = pendubot_plant.end_effector_height(on_line[0])
-    assert score_trajectory(t, on_line, pendubot_plant) == (1.0 if height > 0.45 else 0.0)
+
+
+def _states_at_heights(plant, heights):
+    """One state (hanging near the line) per wanted height, found among adjacent floats of q1 so that the plant's
+    own height computation gives exactly that float (m)."""
+    rows = []
+    for q2 in np.linspace(-0.3, 0.3, 61):
+        q1 = 2.69
+        for _ in range(50):   # Newton on -l1 cos q1 - l2 cos(q1 + q2) = 0.45
+            q1 -= ((-0.2 * math.cos(q1) - 0.3 * math.cos(q1 + q2) - 0.45)
+                   / (0.2 * math.sin(q1) + 0.3 * math.sin(q1 + q2)))
+        rows += [(q1 + j * np.spacing(q1), q2, 0.0, 0.0) for j in range(-30, 31)]
+    candidates = np.array(rows)
+    computed = plant.end_effector_height(candidates)
+    return np.array([candidates[np.flatnonzero(computed == h)[0]] for h in heights])
+
+
+def test_score_counts_only_states_strictly_above_the_line(pendubot_plant):
+    """On the line (the height computes to exactly 0.9 (l1 + l2) = 0.45 m) is not above; one ulp higher is."""
+    line = pendubot_plant.height_threshold
+    assert line == 0.45
+    heights = [np.nextafter(line, 0.0), line, np.nextafter(line, 1.0)]  # ...96, 0.45, ...07
+    below, on, above = _states_at_heights(pendubot_plant, heights)
+    t = np.arange(5) * DT
+    for state, want in ((below, 0.0), (on, 0.0), (above, 1.0)):
+        x = np.tile(state, (5, 1))
+        assert np.all(pendubot_plant.end_effector_height(x[:-1]) == pendubot_plant.end_effector_height(state))
+        assert score_trajectory(t, x, pendubot_plant) == want
+    # interval starts: on, above, below, above (the last row starts no interval): one above -> 2 of 4 intervals
+    mixed = np.array([on, above, below, above, on])
+    np.testing.assert_array_equal(pendubot_plant.end_effector_height(mixed[:-1]), [line, heights[2], heights[0],
+                                                                                 heights[2]])
+    assert uptime(t, mixed, pendubot_plant) == 2 * DT
+
+
+class AsksForPassiveTorque:
+    """Asks for torque on both joints, the passive one included: 1.5 N m, then 7 N m (over the 6 N m limit)."""
+
+    mode = "policy"
+
+    def __init__(self):
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.calls = 0
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        self.calls += 1
+        return np.array([1.5, 1.5]) if self.calls % 2 else np.array([7.0, -7.0])
 
 
 @pytest.mark.timeout(60)
-def test_evaluate_seed_is_deterministic_and_passive_joint_zero(pendubot_config, acrobot_config):
+def test_evaluate_seed_gives_the_passive_joint_zero_whatever_the_controller_asks(pendubot_config, acrobot_config):
     for config in (pendubot_config, acrobot_config):
-        a = evaluate_seed(ZeroController(), config, seed=5, duration=12.0)
-        b = evaluate_seed(ZeroController(), config, seed=5, duration=12.0)
+        a = evaluate_seed(AsksForPassiveTorque(), config, seed=5, duration=12.0)
+        b = evaluate_seed(AsksForPassiveTorque(), config, seed=5, duration=12.0)
         np.testing.assert_array_equal(a.trajectory.x, b.trajectory.x)
-        traj = a.trajectory
-        assert a.passive_max_torque == 0.0 and a.passive_max_applied_torque == 0.0
+        traj, passive, act = a.trajectory, config.passive_joint, config.actuated_joint
         resets = traj.mode == 5
-        assert 0 < resets.sum() <= 3 * 101
-        assert np.all(np.abs(traj.u[resets]) <= 6.0)
-        assert np.all(traj.u[~resets] == 0.0)
-        # the PID disturbs the pendulum: it moves after the first window
+        controlled = ~resets
+        # what was asked is reported, but the passive joint got exactly 0 outside the resets
+        assert a.passive_max_torque == 7.0 and a.passive_max_applied_torque == 0.0
+        assert set(np.abs(traj.u_cmd[controlled, passive])) == {1.5, 7.0}
+        assert np.all(traj.u[controlled, passive] == 0.0)
+        # ...while the actuated joint got what was asked, within its 6 N m limit
+        assert set(np.abs(traj.u[controlled, act])) == {1.5, 6.0}
+        # the resets: every window's steps, PID torques on both joints within 6 N m
+        window_steps = sum(round((end - start) / DT) for start, end in a.windows)
+        assert len(a.windows) == 3 and resets.sum() == window_steps
+        assert np.all(np.abs(traj.u[resets]) <= 6.0) and np.any(traj.u[resets, passive] != 0.0)
         assert np.max(np.abs(traj.x[:, 2:])) > 1.0
 
 
@@ -113,10 +197,19 @@ def test_evaluate_seed_is_deterministic_and_passive_joint_zero(pendubot_config, 
 def test_evaluate_lqr_full_protocol(repo):
     results = evaluate_seeds(ControllerSpec(str(repo / "config" / "acrobot.yaml"), "lqr"), [0, 1], jobs=2)
     assert [r.seed for r in results] == [0, 1]
+    # known outcomes of the LQR + damping controller (seed 0: never caught above the line; seed 1: 433 steps of
+    # 2 ms above it); steps per mode out of 30000 and the reset windows' steps (101 or 100 each)
+    known = {0: (0, {"damping": 215, "idle": 28279, "reset": 1506}),
+             1: (433, {"lqr": 84, "damping": 786, "idle": 27625, "reset": 1505})}
     for r in results:
-        assert 0.0 <= r.score <= 1.0 and r.passive_max_torque == 0.0
-        assert len(r.windows) == 15
-        assert r.mode_fractions["reset"] == pytest.approx(15 * 101 / 30000, abs=16 / 30000)
+        up_steps, modes = known[r.seed]
+        assert r.score == pytest.approx(up_steps * DT / 60.0, abs=1e-12) and r.passive_max_torque == 0.0
+        assert {m: round(f * 30000) for m, f in r.mode_fractions.items()} == modes
+        assert len(r.windows) == 15 and sum(round((b - a) / DT) for a, b in r.windows) == modes["reset"]
+    # the same controller on pendubot, and no controller at all: the protocol's own swings score too
+    lqr = evaluate_seeds(ControllerSpec(str(repo / "config" / "pendubot.yaml"), "lqr"), [0, 1])
+    zero = evaluate_seeds(ControllerSpec(str(repo / "config" / "acrobot.yaml"), "zero"), [0, 1])
+    assert [round(r.uptime / DT) for r in lqr] == [35, 1250] and [round(r.uptime / DT) for r in zero] == [445, 1037]
 
 
 @pytest.mark.timeout(120)
@@ -131,6 +224,8 @@ def test_cli_evaluate_writes_json_and_plot(tmp_path, capsys):
     assert [s["seed"] for s in data["seeds"]] == [0, 1]
     for entry in data["seeds"]:
         assert {"score", "uptime", "passive_max_torque"} <= set(entry) and entry["passive_max_torque"] == 0.0
+    # acrobot LQR's known scores (test_evaluate_lqr_full_protocol): 0 and 433 steps of 2 ms above the line
+    assert [entry["score"] for entry in data["seeds"]] == pytest.approx([0.0, 433 * DT / 60.0], abs=1e-12)
     assert out_png.stat().st_size > 10_000 and out_png.read_bytes()[:4] == b"\x89PNG"
 
 
