@@ -43,6 +43,10 @@ from .plant import DoublePendulum
 
 MODE_CODES = {"policy": 0, "lqr": 1, "damping": 2, "safe": 3, "idle": 4, "reset": 5, "other": 6}
 MODE_NAMES = {code: name for name, code in MODE_CODES.items()}
+# joint_states.header.frame_id of a state measured inside a reset/disturbance window (the torque acting just before
+# or just after it came from the window's PID, the passive joint torqued): the drivers mark them, the recording
+# reader keeps the intervals around them from the model
+RESET_FRAME = "reset"
 
 # An override returns torques for both joints while it is active (e.g. the evaluation's reset PID),
 # None otherwise. Arguments: step index, time (s), measured state (4-tuple: rad, rad/s). Called exactly

@@ -8,7 +8,14 @@ transport in its own thread (:class:`DriverRunner`), rclpy spins a SingleThreade
   bus voltage; loop: safety state, achieved rate, period p50/p99, late cycles, CAN timeouts and round trip);
 - takes ``joint_commands`` (effort, N m): they are also the enable signal, no torque before the first one and
   zero torque when they stop for ``command_timeout`` s (the controller publishes only while enabled);
-- ``~/stop`` (std_srvs/Trigger) stops both motors (latched until the node restarts).
+- ``~/stop`` (std_srvs/Trigger) stops both motors (latched until the node restarts);
+- ``~/disturb`` (std_srvs/Trigger) runs one disturbance window (:mod:`mcpilco_core.hardware.disturbance`): 0.2 s
+  of the evaluation protocol's reset PID plus gravity compensation on *both* motors towards a seeded random
+  target, bounded by ``disturbance.torque_limit`` on both joints, still stopped by every fault and ended by the
+  velocity/position limits; the answer's message is JSON (window index, target rad, seed, torque limit);
+  diagnostics name it (``disturbance_*`` keys); every ``joint_states`` message of a cycle that commanded the
+  window, or follows one, has ``header.frame_id = "reset"`` (else ""), so the recording reader keeps those
+  intervals from the model. Outside a window the passive motor gets queries and stops only: exactly 0.
 
 Both motors are stopped on every exit path: ``~/stop``, SIGINT, SIGTERM, an exception in the loop or in the
 node; at startup a stop clears latched faults and a missing controller is refused with its id and transport.
@@ -37,6 +44,7 @@ from mcpilco_core.hardware import (
 )
 from mcpilco_core.hardware.config import DriverConfig
 from mcpilco_core.hardware.transport import TransportError
+from mcpilco_core.simulation import RESET_FRAME
 
 from ._messages import CONTROL_QOS, effort_from_message, stamp_from_ns
 from ._ros_utils import (
@@ -80,6 +88,8 @@ class MoteusDriverNode(ConfiguredNode):
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
         self.create_service(Trigger, "~/stop", self._on_stop)
+        self.create_service(Trigger, "~/disturb", self._on_disturb)
+        self._previous_in_window = False
         self.create_timer(0.1, self._watch_runner)
         self.driver = driver or MoteusDriver(self.config)
         self.runner = DriverRunner(self.driver, self._on_sample)
@@ -109,6 +119,12 @@ class MoteusDriverNode(ConfiguredNode):
         response.success, response.message = True, "both motors stopped (latched until the driver restarts)"
         return response
 
+    def _on_disturb(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.driver.request_disturbance()
+        log = self.get_logger().info if response.success else self.get_logger().warning
+        log(f"~/disturb: {response.message}")
+        return response
+
     def _watch_runner(self) -> None:
         if not self.runner.is_alive() and not self.done.is_set():
             self.get_logger().error(f"driver loop ended: {self.runner.error!r}; motors stopped: "
@@ -122,6 +138,10 @@ class MoteusDriverNode(ConfiguredNode):
         msg.header.stamp = stamp_from_ns(sample.stamp_ns)
         msg.name = list(JOINT_NAMES)
         msg.position, msg.velocity, msg.effort = list(sample.q), list(sample.dq), list(sample.tau)
+        in_window = sample.disturbance is not None
+        if in_window or self._previous_in_window:   # the window's torque acts after or before this measurement
+            msg.header.frame_id = RESET_FRAME
+        self._previous_in_window = in_window
         if all(math.isfinite(v) for v in (*sample.q, *sample.dq, *sample.tau)):
             self.state_pub.publish(msg)
         else:  # never NaN on joint_states; the safety supervisor latched a fault, diagnostics say which reading
@@ -137,11 +157,15 @@ class MoteusDriverNode(ConfiguredNode):
         values = {"state": decision.state.value, "reason": decision.reason, "refused_commands": self.refused_commands,
                   "nonfinite_states": self.nonfinite_states,
                   "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate}
+        values.update(self.driver.disturbance.summary())
         values.update({k: loop.get(k, math.nan) for k in ("rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles",
                                                           "can_timeouts", "can_errors", "rtt_p50_ms", "rtt_p99_ms",
                                                           "cycles")})
-        statuses = [status(f"{NODE_NAME}: loop", self.config.transport.describe(), level,
-                           decision.reason or decision.state.value, values)]
+        message = decision.reason or decision.state.value
+        if sample.disturbance is not None:
+            message = (f"disturbance window {sample.disturbance.index} towards "
+                       f"{[round(v, 4) for v in sample.disturbance.target]} rad")
+        statuses = [status(f"{NODE_NAME}: loop", self.config.transport.describe(), level, message, values)]
         for joint, motor in zip(self.config.joints, sample.motors):
             bad = motor.mode in (1, 11)
             statuses.append(status(

@@ -64,7 +64,7 @@ from mcpilco_core.evaluation import (
     ResetPerturbation,
 )
 from mcpilco_core.plant import DoublePendulum
-from mcpilco_core.simulation import load_robot_profile
+from mcpilco_core.simulation import RESET_FRAME, load_robot_profile
 
 from ._messages import CONTROL_QOS, effort_from_message, stamp_ns
 from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, RingStats, run_node
@@ -72,7 +72,6 @@ from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSp
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
 WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes an unanswered state this often
-RESET_FRAME = "reset"            # joint_states.header.frame_id of the states measured inside a reset window
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "

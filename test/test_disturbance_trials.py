@@ -18,7 +18,7 @@ from mcpilco_core.evaluation import (
     ResetPerturbation,
 )
 from mcpilco_core.plant import DoublePendulum
-from mcpilco_core.simulation import MODE_CODES, load_robot_profile
+from mcpilco_core.simulation import MODE_CODES, RESET_FRAME, load_robot_profile
 
 pytest.importorskip("rclpy")
 from _ros_helpers import CONFIG, Peer, rig, status_values, wait_for  # noqa: E402
@@ -28,7 +28,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 
 from mcpilco_ros._messages import CONTROL_QOS  # noqa: E402
 from mcpilco_ros._ros_utils import ParameterError, stamp_ns  # noqa: E402
-from mcpilco_ros.sim_driver_node import RESET_FRAME, SimDriverNode  # noqa: E402
+from mcpilco_ros.sim_driver_node import SimDriverNode  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 PENDUBOT = load_robot_config(CONFIG / "pendubot.yaml")

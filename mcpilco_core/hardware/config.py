@@ -33,6 +33,8 @@ from ..config import (
 
 NODE_NAME = "moteus_driver_node"
 TRANSPORT_KINDS = ("socketcan", "pythoncan", "fdcanusb", "pi3hat", "auto")
+DISTURBANCE_TORQUE_MAX = 6.0   # N m: the protocol's reset PID limit, the most a disturbance window may use
+PLANT_MODELS_FILE = "plant_models.yaml"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,24 @@ class JointDriverConfig:
 
 
 @dataclass(frozen=True)
+class DisturbanceConfig:
+    """Disturbance windows (``~/disturb``): 0.2 s of the evaluation protocol's reset PID plus gravity compensation
+    on *both* motors towards a random target (the only time the passive joint's motor is torqued), bounded by
+    ``torque_limit`` on both joints and still subject to the joints' velocity/position limits and every fault.
+
+    The default limit is conservative (3 N m: the PID cannot hold the shoulder horizontal against gravity,
+    about 3.8 N m); raise it towards the protocol's 6 N m once the robot's limits and stops are checked
+    (docs/hardware.md). 0 refuses ``~/disturb``.
+    """
+
+    torque_limit: float = setting("N m on both joints during a disturbance window (<= 6, the protocol's; 0 = "
+                                  "~/disturb refused)", 3.0, low=0.0, high=DISTURBANCE_TORQUE_MAX)
+    seed: int = setting("seed of the windows' random targets U[-pi, pi) (both joints)", 0, low=0, high=2**32 - 1)
+    plant_model: str = setting("plant model of config/plant_models.yaml for the window's gravity compensation "
+                               "(model_1.0: identified on the hardware)", "model_1.0")
+
+
+@dataclass(frozen=True)
 class DriverConfig(RobotJoints):
     """Everything the moteus driver needs; loaded by :func:`load_driver_config`."""
 
@@ -106,6 +126,7 @@ class DriverConfig(RobotJoints):
     damping_duration: float = setting("s of damping after a limit violation, then both motors stop", 1.0,
                                       low=0.0, high=60.0)
     diagnostics_period: float = setting("s between diagnostics messages", 0.5, low=0.01, high=60.0)
+    disturbance: DisturbanceConfig = section(DisturbanceConfig)
     source: str | None = None
 
     @property
@@ -152,7 +173,26 @@ def driver_config_from_mapping(params: Mapping[str, Any], source: str | Path | N
     if values["watchdog_timeout"] < 2.0 / values["rate"]:
         raise ConfigError(source, "watchdog_timeout", f"must cover at least two cycles ({2.0 / values['rate']:.4f} s)")
     return DriverConfig(joints=joints, transport=_transport(reader.sub("transport")),  # type: ignore[arg-type]
+                        disturbance=_disturbance(reader.sub("disturbance")),
                         source=str(source) if source is not None else None, **values)
+
+
+def _disturbance(reader: ConfigReader) -> DisturbanceConfig:
+    reader.reject_unknown(setting_keys(DisturbanceConfig))
+    values = reader.settings(DisturbanceConfig)
+    models = plant_models_file()
+    known = (read_yaml(models) or {}).get("models", {}) if models.is_file() else {}
+    if values["plant_model"] not in known:
+        raise ConfigError(reader.source, reader.name("plant_model"),
+                          f"{values['plant_model']!r} is not a model of {models} (known: {sorted(known)})")
+    return DisturbanceConfig(**values)
+
+
+def plant_models_file() -> Path:
+    """The plant models file the disturbance window's gravity compensation reads (the package's config)."""
+    from ..paths import config_dir
+
+    return config_dir() / PLANT_MODELS_FILE
 
 
 def load_driver_config(path: str | Path, node: str = NODE_NAME) -> DriverConfig:

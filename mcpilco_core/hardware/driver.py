@@ -1,7 +1,9 @@
 """The asyncio driver loop: owns the moteus transport, runs one CAN transaction per cycle, applies safety.
 
 Each cycle (500 Hz by default) sends, in one ``transport.cycle``, the torque command to the actuated joint
-(with a query) and a pure query to the passive one, then converts the replies to joint units. Every CAN
+(with a query) and a pure query to the passive one, then converts the replies to joint units. Only inside a
+disturbance window (``request_disturbance``, :mod:`.disturbance`) do both motors get torque commands; when it
+ends the passive motor is sent a stop. Every CAN
 call is bounded by ``asyncio.wait_for`` (the python-can transport has no timeout of its own). The
 :class:`SafetySupervisor` decides each cycle's torque; any latched stop sends a stop to both controllers
 and the loop keeps querying them so joint states keep flowing.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import math
 import threading
 import time
@@ -27,7 +30,8 @@ import numpy as np
 from . import units
 from .commands import query_command, stop_command, torque_command
 from .config import DriverConfig
-from .safety import SafetyDecision, SafetySupervisor
+from .disturbance import DisturbanceStep, DisturbanceWindows
+from .safety import LATCHED, SafetyDecision, SafetySupervisor
 from .transport import driver_transport
 
 STARTUP_ATTEMPTS = 3
@@ -102,7 +106,8 @@ class LoopStats:
 
 @dataclass
 class DriverSample:
-    """One cycle's result in joint units (rad, rad/s, N m); ``stamp_ns`` is the wall-clock measurement time."""
+    """One cycle's result in joint units (rad, rad/s, N m); ``stamp_ns`` is the wall-clock measurement time;
+    ``disturbance``: this cycle's command came from a disturbance window (its torques are the decision's)."""
 
     stamp_ns: int
     monotonic: float
@@ -112,6 +117,7 @@ class DriverSample:
     motors: tuple[MotorStatus, MotorStatus]
     decision: SafetyDecision
     fresh: bool          # False when this cycle's CAN call failed (values are the previous ones)
+    disturbance: DisturbanceStep | None = None
 
 
 class MoteusDriver:
@@ -123,6 +129,7 @@ class MoteusDriver:
         self.transport = transport
         self.clock = clock
         self.safety = SafetySupervisor(config)
+        self.disturbance = DisturbanceWindows(config)
         self.stats = LoopStats()
         self.motors = tuple(MotorStatus(j.can_id) for j in config.joints)
         self.controllers: list[moteus.Controller] = []
@@ -206,6 +213,12 @@ class MoteusDriver:
         """Latch a stop; the next cycle stops both motors. Thread-safe."""
         self.safety.request_stop(reason)
 
+    def request_disturbance(self) -> tuple[bool, str]:
+        """Arm a disturbance window from the next cycle (:mod:`.disturbance`); (accepted, JSON or why not).
+        Thread-safe; refused after a latched stop or fault."""
+        state, reason = self.safety.state, self.safety.reason
+        return self.disturbance.request(reason or state.value if state in LATCHED else "")
+
     # ------------------------------------------------------------------ one cycle
     def joint_state(self) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
         """The last measured (q, dq, tau) in rad, rad/s, N m."""
@@ -221,23 +234,38 @@ class MoteusDriver:
         self.stats.cycle_started(now)
         q, dq, _ = self.joint_state()
         decision = self.safety.update(now, q, dq, [m.mode for m in self.motors], [m.fault for m in self.motors])
-        commands, stopping = self._commands(decision)
+        window = self.disturbance.step(decision, q, dq)
+        if window is not None:
+            decision = dataclasses.replace(decision, torques=window.torques,
+                                           reason=f"disturbance window {window.index}")
+        releasing = self.disturbance.release_pending
+        commands, stopping = self._commands(decision, window)
         fresh = await self._transact(commands)
         if fresh and stopping:
             self._stop_sent = True
+        if fresh and releasing and window is None:   # the passive motor's stop (or a stop of both) went out
+            self.disturbance.released()
         q, dq, tau = self.joint_state()
         t_end = self.clock()
         stamp_ns = time.time_ns() - int(0.5e9 * (t_end - now))
-        return DriverSample(stamp_ns, t_end, q, dq, tau, self.motors, decision, fresh)  # type: ignore[arg-type]
+        return DriverSample(stamp_ns, t_end, q, dq, tau, self.motors, decision, fresh,  # type: ignore[arg-type]
+                            window)
 
-    def _commands(self, decision: SafetyDecision) -> tuple[list, bool]:
+    def _commands(self, decision: SafetyDecision, window: DisturbanceStep | None = None) -> tuple[list, bool]:
         if decision.stop:
             if not self._stop_sent:
                 return [stop_command(c) for c in self.controllers], True
             return [query_command(c) for c in self.controllers], False
+        if window is not None:   # both motors, bounded by the disturbance torque limit
+            limit = self.disturbance.limit
+            return [torque_command(c, units.motor_torque(j, tau), limit / j.gear_ratio, self.config.watchdog_timeout)
+                    for c, j, tau in zip(self.controllers, self.config.joints, window.torques)], False
         act = self.config.actuated_joint
         joint = self.config.joints[act]
         commands = [query_command(c) for c in self.controllers]
+        if self.disturbance.release_pending:   # a window ended: the passive motor is stopped (zero torque)
+            passive = self.config.passive_joint
+            commands[passive] = stop_command(self.controllers[passive])
         commands[act] = torque_command(self.controllers[act], units.motor_torque(joint, decision.torques[act]),
                                        joint.torque_limit / joint.gear_ratio, self.config.watchdog_timeout)
         return commands, False
