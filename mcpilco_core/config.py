@@ -306,6 +306,8 @@ def read_yaml(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(path, "<file>", f"cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "<file>", f"not UTF-8 text: {exc}") from exc
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -422,10 +424,10 @@ class RoaConfig:
     converged_cost: float = setting("cost-to-go V(x_T) below which a sample counts as stabilised", 1e-3,
                                     positive=True, high=1e6)
     seed: int = setting("random seed of the ROA estimate", 0, low=0, high=2**31 - 1)
-    enter_fraction: float = setting("the LQR takes over when V < enter_fraction * rho", 1.0, positive=True,
-                                    high=100.0)
+    enter_fraction: float = setting("the LQR takes over when V < enter_fraction * rho (0: never, for a robot the "
+                                    "LQR's model does not describe)", 1.0, low=0.0, high=100.0)
     exit_fraction: float = setting("the LQR hands back when V > exit_fraction * rho (hysteresis, "
-                                   ">= enter_fraction)", 1.5, positive=True, high=100.0)
+                                   ">= enter_fraction)", 1.5, low=0.0, high=100.0)
 
 
 @dataclass(frozen=True)

@@ -190,3 +190,18 @@ def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeyp
     assert region_of_attraction(changed, plant, design).rho != 0.123  # different fingerprint: recomputed
     fixed = dataclasses.replace(config, roa=dataclasses.replace(config.roa, rho=0.7))
     assert region_of_attraction(fixed, plant, design).rho == 0.7
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_policy_only_configs_never_hand_over_to_the_lqr(repo, robot):
+    """config/<robot>_policy_only.yaml (a robot with passive-joint friction): enter_fraction 0 = never the LQR,
+    everything else as the shipped config."""
+    only = load_controller(repo / "config" / f"{robot}_policy_only.yaml")
+    shipped = load_controller(repo / "config" / f"{robot}.yaml")
+    goal = np.array([np.pi, 0.0, 0.0, 0.0])
+    assert shipped.step(goal + 1e-3, 0.0).any() and shipped.mode == "lqr"
+    for x in (goal, goal + 1e-3, goal + np.array([0.05, -0.05, 0.2, 0.1])):
+        only.step(x, 0.0)
+        assert only.mode == "idle"                              # no policy loaded, and never the LQR
+    assert only.config.roa.enter_fraction == 0.0 and only.config.lqr == shipped.config.lqr
+    assert only.config.plant == shipped.config.plant and only.config.damping == shipped.config.damping
