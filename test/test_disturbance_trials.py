@@ -161,3 +161,29 @@ def test_sim_driver_refuses_a_window_after_stop_and_a_limit_above_6():
         assert not ok and "stopped" in message
         with pytest.raises(ParameterError, match="disturbance.torque_limit"):
             make_sim(r.context, **{"disturbance.torque_limit": 6.5})
+
+
+def test_reader_keeps_reset_marked_states_and_their_neighbours_from_the_model(tmp_path):
+    """States marked frame_id "reset" invalidate every 20 ms interval that overlaps (t[j0-1], t[j1+1]) of a marked
+    run, even when the effort recorded on the passive joint is 0 (e.g. a bag without effort or a tiny PID torque)."""
+    from test_trials import DT_NS, T0, joint_state
+
+    from mcpilco_core import recording
+
+    n = 301
+    x = np.zeros((n, 4))
+    x[:, 0] = np.arange(n) * 0.001
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    marked = set(range(53, 58)) | {100}
+    for k in range(n):
+        ns = T0 + k * DT_NS
+        frame = RESET_FRAME if k in marked else ""
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], (0.5, 0.0), frame=frame), ns)
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(0.5, 0.0), frame="policy"), ns + 1000)
+    recorder.close()
+    trial = recording.load_trial(tmp_path / "bag", PENDUBOT)
+    assert len(trial) == 30
+    assert list(np.flatnonzero(~trial.valid)) == [5, 9, 10]          # (0.104, 0.116) s and (0.198, 0.202) s
+    assert list(np.flatnonzero(trial.mode == "reset")) == [5, 9, 10]
+    assert "3 interval(s) of 20 ms in reset/disturbance windows" in " ".join(trial.notes)
+    assert len(trial.transitions(PENDUBOT.actuated_joint)) == 27

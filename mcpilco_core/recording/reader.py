@@ -16,6 +16,7 @@ import numpy as np
 import yaml
 
 from ..config import JOINT_NAMES, RobotConfig
+from ..simulation import RESET_FRAME
 from .bags import (
     COMMAND_TOPIC,
     CRASHED_SUFFIX,
@@ -52,7 +53,9 @@ class RawTrial:
 
     state_t (n,), q (n, 2) rad, dq (n, 2) rad/s, effort (n, 2) or (0, 2) N m (applied over the step ending at
     the stamp; (0, 2) when some state carried no effort); command_t (m,), command_u (m, 2) N m, command_mode
-    (m,) supervisor mode names.
+    (m,) supervisor mode names; state_reset (n,) or (0,): the state's ``header.frame_id`` is ``"reset"``
+    (``mcpilco_core.simulation.RESET_FRAME``: measured inside a reset or disturbance window, the passive joint
+    torqued by the window's PID just before or after it).
     """
 
     path: str
@@ -64,6 +67,7 @@ class RawTrial:
     command_u: np.ndarray
     command_mode: list[str]
     custom: dict[str, str] = field(default_factory=dict)
+    state_reset: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 @dataclass
@@ -71,8 +75,9 @@ class TrialData:
     """One trial at the policy period, as the learner uses it.
 
     t (N+1,) s since the first state; x (N+1, 4) states (q1, q2 rad, dq1, dq2 rad/s) at those times;
-    u (N, 2) torque (N m) actually applied, averaged over [t_k, t_k+1); mode (N,) supervisor mode acting at t_k;
-    valid (N,) transitions usable for the model (no gap in the state stream, no torque on the passive joint).
+    u (N, 2) torque (N m) actually applied, averaged over [t_k, t_k+1); mode (N,) supervisor mode acting at t_k
+    ("reset" inside a reset/disturbance window); valid (N,) transitions usable for the model (no gap in the state
+    stream, no torque on the passive joint, no reset/disturbance window).
     """
 
     robot: str
@@ -221,17 +226,17 @@ def _state_row(msg: _JointState, order: tuple[int, int]) -> tuple | None:
     has_effort = len(msg.effort) == 2
     effort = (float(msg.effort[i]), float(msg.effort[j])) if has_effort else (math.nan, math.nan)
     return (float(msg.position[i]), float(msg.position[j]), float(msg.velocity[i]), float(msg.velocity[j]),
-            *effort, float(has_effort))
+            *effort, float(has_effort), float(msg.frame_id == RESET_FRAME))
 
 
 def _raw_from_rows(path: str, states: list[tuple], commands: list[tuple]) -> RawTrial:
-    s = np.array([r[1:] for r in states], dtype=np.float64).reshape(-1, 7)
+    s = np.array([r[1:] for r in states], dtype=np.float64).reshape(-1, 8)
     t_ns = np.array([r[0] for r in states], dtype=np.int64)
     effort = s[:, 4:6] if len(s) and s[:, 6].all() else np.zeros((0, 2))
     c_ns = np.array([r[0] for r in commands], dtype=np.int64)
     cu = np.array([(r[1], r[2]) for r in commands], dtype=np.float64).reshape(-1, 2)
     modes = [r[3] or UNKNOWN_MODE for r in commands]
-    return RawTrial(path, t_ns, s[:, 0:2], s[:, 2:4], effort, c_ns, cu, modes)
+    return RawTrial(path, t_ns, s[:, 0:2], s[:, 2:4], effort, c_ns, cu, modes, state_reset=s[:, 7] > 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,6 +272,7 @@ class _CleanStates:
     hole: np.ndarray
     notes: list[str]
     dropped: int
+    reset: np.ndarray        # (n,) the state was measured inside a reset/disturbance window
 
 
 def _increasing_subsequence(values: np.ndarray) -> np.ndarray:
@@ -326,7 +332,8 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
                      "trial's time span")
     hole = np.diff(keep) > 1 if len(keep) else np.zeros(0, bool)
     effort = raw.effort[keep] if len(raw.effort) else raw.effort
-    return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes, n - len(keep))
+    reset = raw.state_reset[keep] if len(raw.state_reset) == n else np.zeros(len(keep), bool)
+    return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes, n - len(keep), reset)
 
 
 def _clean_commands(raw: RawTrial) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
@@ -344,7 +351,8 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
     """The trial at the policy period: states interpolated at the grid, applied torque averaged per interval.
 
     Bad states are dropped first (non-finite or absurd values, stamps out of order or far outside the trial:
-    counted in the trial's ``notes``); the intervals around a dropped state are not used for the model. A trial
+    counted in the trial's ``notes``); the intervals around a dropped state are not used for the model, nor
+    those of a reset/disturbance window (mode "reset"; see :func:`_outside_windows`). A trial
     with too few usable states, or longer than ``settings.max_duration``, raises TrialError with the reason.
     """
     clean = _clean_states(raw, settings)
@@ -353,7 +361,7 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
         raise TrialError(f"{raw.path}: only {len(clean.t_ns)} usable joint_states message(s){dropped}")
     command_t, command_u, command_mode, command_notes = _clean_commands(raw)
     raw = RawTrial(raw.path, clean.t_ns, clean.q, clean.dq, clean.effort, command_t, command_u, command_mode,
-                   raw.custom)
+                   raw.custom, clean.reset)
     t = (raw.state_t - raw.state_t[0]) * 1e-9
     period = float(config.policy_period)
     if t[-1] > settings.max_duration:
@@ -368,7 +376,13 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
     valid = _gap_free(t, grid, settings.max_gap, clean.hole) & torque_valid
     valid &= np.abs(u[:, config.passive_joint]) <= settings.passive_tolerance
     mode = _interval_modes(raw, grid)
+    outside = _outside_windows(t, grid, clean.reset)
+    valid &= outside
+    mode = np.where(outside, mode, "reset")
     notes = clean.notes + command_notes
+    if not outside.all():
+        notes.append(f"{int((~outside).sum())} interval(s) of {period * 1e3:g} ms in reset/disturbance windows "
+                     f"(joint_states frame_id '{RESET_FRAME}') not used for the model")
     for note in notes:
         LOG.warning("%s: %s", raw.path, note)
     return TrialData(robot=config.robot, period=period, t=grid, x=x, u=u, mode=mode, valid=valid, source=raw.path,
@@ -408,6 +422,23 @@ def _gap_free(t: np.ndarray, grid: np.ndarray, max_gap: float, hole: np.ndarray 
         last = int(np.searchsorted(grid, t[g + 1], side="left"))
         valid[first:last] = False
     return valid
+
+
+def _outside_windows(t: np.ndarray, grid: np.ndarray, reset: np.ndarray) -> np.ndarray:
+    """True for intervals [grid_k, grid_k+1] outside every reset/disturbance window. A run of marked states
+    j0..j1 covers (t[j0-1], t[j1+1]): the window's torque acted between a marked state and its neighbours
+    (whichever side the driver stamps it on), so every interval overlapping that span is out."""
+    outside = np.ones(len(grid) - 1, bool)
+    if not len(reset) or not reset.any():
+        return outside
+    marked = reset.astype(np.int8)
+    edges = np.diff(np.concatenate([[0], marked, [0]]))
+    for j0, j1 in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1):
+        a, b = t[max(j0 - 1, 0)], t[min(j1 + 1, len(t) - 1)]
+        first = max(int(np.searchsorted(grid, a, side="right")) - 1, 0)
+        last = int(np.searchsorted(grid, b, side="left"))
+        outside[first:last] = False
+    return outside
 
 
 def _interval_modes(raw: RawTrial, grid: np.ndarray) -> np.ndarray:
