@@ -4,6 +4,13 @@
   ``header.frame_id`` is the controller's mode) and ``diagnostics`` into ``session_dir/trial_NNN`` -- raw CDR
   straight from the subscriptions, through :mod:`mcpilco_core.recording` (temporary name, renamed when closed,
   flushed every ``flush_period`` s). ``trial_duration`` > 0 stops a trial by itself after that many seconds.
+- *Disturbance trials*: ``~/start_disturbance_trial`` (Trigger), or every ``~/start_trial`` with
+  ``disturbance_trials: true``, starts the recording and then calls the driver's ``~/disturb`` (``driver``; ""
+  = ``moteus_driver_node`` or ``sim_driver_node``, whichever offers it; refused before anything is recorded when
+  none does): the trial begins with one 0.2 s window of the protocol's reset PID on both motors towards a random
+  target, run by the driver itself. The driver's answer (window index, target, seed, torque limit) goes into the
+  trial's session.yaml entry (``disturbance``) and diagnostics (``last_disturbance``); the recorded
+  ``joint_states`` mark the window (frame_id "reset"), whose intervals the reader keeps from the model.
 - ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.learning.retrain retrain`` on
   the session in a **separate, niced process** (the control loop's process and its executor are never
   blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
@@ -62,7 +69,12 @@ TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("retrain_timeout", 7200.0, "s before a retraining process is stopped", 1.0, 1e6),
     ParamSpec("controller", "controller_node", "node whose policy parameter and ~/reload_policy are used "
               "('' = do not reload)"),
+    ParamSpec("disturbance_trials", False, "every ~/start_trial begins with a disturbance window (the driver's "
+              "~/disturb, called once the recording runs); ~/start_disturbance_trial asks for one trial"),
+    ParamSpec("driver", "", "driver node offering ~/disturb ('' = moteus_driver_node or sim_driver_node, whichever "
+              "offers it)"),
 )
+DRIVERS = ("moteus_driver_node", "sim_driver_node")
 
 
 class TrainerNode(ConfiguredNode):
@@ -93,6 +105,9 @@ class TrainerNode(ConfiguredNode):
         self.last_retrain = ""
         self.last_policy = ""
         self.last_reload = ""
+        self.disturbance_requests = 0       # ~/disturb calls made
+        self.disturbance_answers = 0        # ... and answered (accepted or refused)
+        self.last_disturbance = ""          # the newest answer (JSON of the window, or why it was refused)
 
         topics = [recording.STATE_TOPIC, recording.COMMAND_TOPIC]
         for topic in topics:
@@ -101,6 +116,10 @@ class TrainerNode(ConfiguredNode):
         self.create_service(Trigger, "~/start_trial", self._on_start)
         self.create_service(Trigger, "~/stop_trial", self._on_stop)
         self.create_service(Trigger, "~/retrain", self._on_retrain)
+        self.create_service(Trigger, "~/start_disturbance_trial", self._on_start_disturbance)
+        driver = str(self.p["driver"]).strip("/")
+        self.disturb_clients = [self.create_client(Trigger, f"/{name}/disturb") for name in
+                                ((driver,) if driver else DRIVERS)]
         controller = str(self.p["controller"]).strip("/")
         self.reload_client = self.create_client(Trigger, f"/{controller}/reload_policy") if controller else None
         self.param_client = self.create_client(SetParameters, f"/{controller}/set_parameters") if controller else None
@@ -123,9 +142,20 @@ class TrainerNode(ConfiguredNode):
                 values = {kv.key: kv.value for kv in st.values}
                 self.controller_policy_version = values.get("policy_version", self.controller_policy_version)
 
-    def start_trial(self) -> tuple[bool, str]:
+    def disturbance_client(self):
+        """The client of the first driver whose ~/disturb is available, or None."""
+        return next((c for c in self.disturb_clients if c.service_is_ready()), None)
+
+    def start_trial(self, disturb: bool | None = None) -> tuple[bool, str]:
+        """Start recording a trial; ``disturb`` (None = the ``disturbance_trials`` parameter): it begins with a
+        disturbance window (the driver's ~/disturb is called once the recording runs)."""
         if self.recorder is not None:
             return False, f"already recording {self.recorder.final}"
+        disturb = bool(self.p["disturbance_trials"]) if disturb is None else disturb
+        client = self.disturbance_client() if disturb else None
+        if disturb and client is None:
+            return False, (f"cannot start a disturbance trial: no driver offers ~/disturb "
+                           f"({', '.join(c.srv_name for c in self.disturb_clients)})")
         topics = [recording.STATE_TOPIC, recording.COMMAND_TOPIC]
         if self.p["record_diagnostics"]:
             topics.append(recording.DIAGNOSTICS_TOPIC)
@@ -138,7 +168,36 @@ class TrainerNode(ConfiguredNode):
         self._trial_started = time.monotonic()
         if self.p["trial_duration"] > 0:
             self._trial_timer = self.create_timer(float(self.p["trial_duration"]), self._on_trial_timeout)
-        return True, f"recording {self.recorder.final} (policy {self.controller_policy_version})"
+        message = f"recording {self.recorder.final} (policy {self.controller_policy_version})"
+        if client is not None:
+            self._request_disturbance(client, self.recorder.final.name)
+            message += f"; disturbance window requested from {client.srv_name}"
+        return True, message
+
+    def _request_disturbance(self, client, bag: str) -> None:
+        """Call the driver's ~/disturb; its answer goes into the trial's session.yaml entry when it comes."""
+        self.session.entry(bag)["disturbance"] = {"status": "requested", "service": client.srv_name}
+        self.session.save()
+        self.disturbance_requests += 1
+        client.call_async(Trigger.Request()).add_done_callback(lambda future: self._after_disturb(future, bag))
+
+    def _after_disturb(self, future, bag: str) -> None:
+        answer = future.result()
+        self.disturbance_answers += 1
+        self.last_disturbance = answer.message if answer is not None else "no answer from ~/disturb"
+        entry = self.session.entry(bag)
+        if answer is not None and answer.success:
+            try:
+                window = json.loads(answer.message)
+            except json.JSONDecodeError:
+                window = {"message": answer.message}
+            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "accepted", **window}
+            self.get_logger().info(f"{bag}: disturbance window {answer.message}")
+        else:
+            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "refused",
+                                    "reason": self.last_disturbance}
+            self.get_logger().error(f"{bag}: ~/disturb refused: {self.last_disturbance}")
+        self.session.save()
 
     def stop_trial(self) -> tuple[bool, str]:
         if self.recorder is None:
@@ -163,6 +222,11 @@ class TrainerNode(ConfiguredNode):
     def _on_start(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         response.success, response.message = self.start_trial()
         self.get_logger().info(f"start_trial: {response.message}")
+        return response
+
+    def _on_start_disturbance(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.start_trial(disturb=True)
+        self.get_logger().info(f"start_disturbance_trial: {response.message}")
         return response
 
     def _on_stop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
@@ -282,7 +346,10 @@ class TrainerNode(ConfiguredNode):
                   "retraining": self.retrain_proc is not None, "retrains_started": self.retrain_count,
                   "retrains_finished": self.retrains_finished,
                   "last_retrain": self.last_retrain, "last_policy": self.last_policy,
-                  "last_reload": self.last_reload, "controller_policy_version": self.controller_policy_version}
+                  "last_reload": self.last_reload, "controller_policy_version": self.controller_policy_version,
+                  "disturb_ready": self.disturbance_client() is not None,
+                  "disturbance_requests": self.disturbance_requests, "disturbance_answers": self.disturbance_answers,
+                  "last_disturbance": self.last_disturbance}
         self.publish_status("trainer", level, message, values)
 
     def on_shutdown(self) -> None:

@@ -187,3 +187,60 @@ def test_reader_keeps_reset_marked_states_and_their_neighbours_from_the_model(tm
     assert list(np.flatnonzero(trial.mode == "reset")) == [5, 9, 10]
     assert "3 interval(s) of 20 ms in reset/disturbance windows" in " ".join(trial.notes)
     assert len(trial.transitions(PENDUBOT.actuated_joint)) == 27
+
+
+def make_trainer(context, tmp_path, **overrides):
+    from mcpilco_ros.trainer_node import TrainerNode
+
+    params = {"session_dir": str(tmp_path / "session"), "run_dir": str(tmp_path / "run"),
+              "diagnostics_period": 0.1, "controller": "", "flush_period": 0.05, **overrides}
+    return TrainerNode(context=context, cli_args=["--ros-args", "--params-file", str(CONFIG / "pendubot.yaml")],
+                       parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+
+
+def test_trainer_disturbance_trial_records_the_window_marked_and_notes_it_in_session_yaml(tmp_path):
+    """~/start_disturbance_trial: recording first, then the driver's ~/disturb; the bag's window never reaches
+    the model, the trial's session.yaml entry holds the driver's answer."""
+    import yaml
+
+    from mcpilco_core import recording
+
+    with rig() as r:
+        sim = r.add(make_sim(r.context, mode="lockstep", initial_state=[0.2, 0.0, 0.0, 0.0], duration=0.3,
+                             **{"disturbance.seed": 5}))
+        trainer = r.add(make_trainer(r.context, tmp_path))
+        peer = r.add(AnsweringPeer(r.context, effort=(0.5, 0.0)))
+        start = peer.create_client(Trigger, "/trainer_node/start_disturbance_trial")
+        stop = peer.create_client(Trigger, "/trainer_node/stop_trial")
+        r.start()
+        wait_for(lambda: trainer.disturbance_client() is not None, what="trainer sees the driver's ~/disturb")
+        answer = r.call(start, Trigger.Request())
+        assert answer.success and "disturbance window requested from /sim_driver_node/disturb" in answer.message
+        wait_for(lambda: trainer.disturbance_answers == 1, what="the driver's answer")
+        assert trainer.disturbance_requests == 1 and json.loads(trainer.last_disturbance)["seed"] == 5
+        wait_for(lambda: trainer.recorder.counts.get(recording.STATE_TOPIC, 0) > 0, what="recording states")
+        peer.answering = True
+        peer.pub.publish(JointState(name=["shoulder", "elbow"], effort=[0.5, 0.0]))
+        wait_for(lambda: sim.finished, what="trial over")
+        wait_for(lambda: trainer.recorder.counts.get(recording.STATE_TOPIC, 0) >= 250, what="states recorded")
+        assert r.call(stop, Trigger.Request()).success
+    info = yaml.safe_load((tmp_path / "session" / "session.yaml").read_text())
+    window = info["trials"][0]["disturbance"]
+    assert window["status"] == "accepted" and window["index"] == 0 and window["start_step"] == 0
+    np.testing.assert_array_equal(window["target"], DisturbanceTargets(5).next())
+    trial = recording.load_trial(tmp_path / "session" / "trial_000", PENDUBOT)
+    # the window: states 1..100 marked, intervals 0..10 (to 0.22 s) out; the 20 intervals after it are the data
+    assert list(np.flatnonzero(~trial.valid)) == list(range(11)) and set(trial.mode[:11]) == {"reset"}
+    assert len(trial) >= 24 and np.all(trial.u[11:, 1] == 0.0) and np.allclose(trial.u[11:, 0], 0.5)
+
+
+def test_trainer_refuses_a_disturbance_trial_without_a_driver_before_recording(tmp_path):
+    with rig() as r:
+        trainer = r.add(make_trainer(r.context, tmp_path, driver="nobody", disturbance_trials=True))
+        ok, message = trainer.start_trial()
+        assert not ok and "/nobody/disturb" in message and trainer.recorder is None
+        ok, message = trainer.start_trial(disturb=True)
+        assert not ok and not trainer.session.bags() and trainer.session.info["trials"] == []
+        ok, message = trainer.start_trial(disturb=False)        # a plain trial still records
+        assert ok and trainer.recorder is not None
+        trainer.stop_trial()
