@@ -6,15 +6,27 @@ What a team does on the robot (docs/sessions.md), run end to end over ROS agains
    ``--ros-args --params-file`` files the launch files use (robot file, ``config/trainer.yaml``) plus this run's
    ``params.yaml``, exactly as ``mcpilco demo`` starts its nodes;
 2. trial k: a fresh ``sim_driver_node`` (lockstep: deterministic and immune to a busy machine; at rest, or at the
-   learner's initial state of trial k) is started, ``~/start_trial`` records it, ``~/enable`` arms the
-   controller, the robot runs ``exploration.duration`` (trial 0, random torques) or ``trial_duration`` s and
-   exits, ``~/stop_trial`` closes the bag, the controller is disarmed;
+   learner's initial state of trial k; the simulated robot of ``--robot-profile``, default the training config's
+   ``robot_profile``, its noise seeded per trial as the learner's) is started, ``~/start_trial`` records it,
+   ``~/enable`` arms the controller, the robot runs ``exploration.duration`` (trial 0, random torques) or
+   ``trial_duration`` s and exits, ``~/stop_trial`` closes the bag, the controller is disarmed. From trial
+   ``--disturbance-from K`` on (default the training config's ``initial_state.disturbance_trial_from``; 0 = never)
+   a trial is a *disturbance trial*: ``~/start_disturbance_trial`` makes the trainer call the driver's ``~/disturb``
+   once the recording runs, and the trial begins with the protocol's 0.2 s reset PID window on both motors
+   towards a random target (then ``trial_duration`` s of the policy);
 3. between trials ``~/retrain`` fits the GP model and optimises the policy from every bag so far in the
    trainer's separate process, which exports ``policy_NNN_<version>.npz`` and hot-reloads it into the
    controller (``policy`` parameter + ``~/reload_policy``); the session waits until the controller reports the
    new version, and meanwhile scores the previous trial's policy with the evaluation protocol;
-4. at the end: ``learning_curve.png`` (cost of each recorded trial, evaluation score of each trial's policy),
-   ``session.json`` and the final policy's score (``mcpilco_core.evaluation.evaluate_seeds``).
+4. at the end: ``learning_curve.png`` (cost of each recorded trial and evaluation score of each trial's policy,
+   against robot seconds), ``session.json`` and the final policy's score (``mcpilco_core.evaluation.evaluate_seeds``
+   on the same robot profile).
+
+Robot time (DESIGN.md section 8): every second the robot ran for learning -- exploration, trials and their
+disturbance windows, i.e. every simulated step of every trial -- is counted per trial (``robot_time_s``) and in
+total in session.json (``robot_time_s``, with ``robot_time_breakdown_s``); the evaluation runs only score each
+policy for the report (nothing of them feeds the learner or any choice) and are reported apart
+(``evaluation_time_s``, not counted).
 
 Output directory::
 
@@ -122,6 +134,9 @@ class SessionOptions:
     retrain_timeout: float = 7200.0
     notes: str = ""
     quiet: bool = False
+    robot_profile: str | None = None          # the simulated robot (None: the training config's robot_profile)
+    disturbance_from: int | None = None       # trials >= K begin with a disturbance window (0 = never; None: the
+                                              # training config's initial_state.disturbance_trial_from)
 
 
 @dataclass
@@ -141,6 +156,10 @@ class TrialRow:
     eval_score: float | None = None
     eval_scores: list[float] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    robot_time_s: float = 0.0                 # s the robot ran in this trial (window included): counted
+    window_s: float = 0.0                     # of which the disturbance window
+    disturbance: dict | None = None           # the driver's answer (window index, target rad, seed, torque limit)
+    eval_time_s: float = 0.0                  # s of evaluation runs scoring this trial's policy: reported apart
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,6 +232,7 @@ class RosClient:
         self.enable = self.node.create_client(SetBool, "/controller_node/enable")
         self.explore = self.node.create_client(SetBool, "/controller_node/explore")
         self.start_trial = self.node.create_client(Trigger, "/trainer_node/start_trial")
+        self.start_disturbance_trial = self.node.create_client(Trigger, "/trainer_node/start_disturbance_trial")
         self.stop_trial = self.node.create_client(Trigger, "/trainer_node/stop_trial")
         self.retrain = self.node.create_client(Trigger, "/trainer_node/retrain")
         self.SetBool, self.Trigger = SetBool, Trigger
@@ -285,6 +305,14 @@ class SimSession:
         if self.trials < 2:
             raise ValueError("--trials must be at least 2 (trial 0 explores; a policy needs trial 1)")
         self.eval_seeds = tuple(options.eval_seeds or self.cfg.evaluation_seeds or (100,))
+        from mcpilco_core.simulation import load_robot_profile
+
+        self.profile_spec = options.robot_profile or self.cfg.robot_profile
+        self.profile = load_robot_profile(self.profile_spec)     # a bad profile: ConfigError naming file and field
+        self.disturbance_from = int(self.cfg.initial_state.disturbance_trial_from if options.disturbance_from is None
+                                    else options.disturbance_from)
+        if self.disturbance_from < 0:
+            raise ValueError(f"--disturbance-from must be >= 0 (0 = never), got {self.disturbance_from}")
         self.out = Path(options.out).resolve()
         if (self.out / "session").exists():
             raise ValueError(f"{self.out}: holds a session already; choose a new --out")
@@ -316,6 +344,7 @@ class SimSession:
                              "train_config": str(Path(cfg.source).resolve()), "retrain_after_trial": False,
                              "warm_start": True, "retrain_threads": int(cfg.threads),
                              "retrain_timeout": float(self.o.retrain_timeout), "diagnostics_period": 0.2,
+                             "driver": "sim_driver_node",
                              "notes": self.o.notes or f"mcpilco session --sim, {self.trials} trials"},
         })
 
@@ -342,23 +371,34 @@ class SimSession:
         rng, _ = trial_generators(self.cfg.seed, k)
         return initial_distribution(self.cfg, k, np.zeros((0, 4))).sample_numpy(1, rng)[0]
 
+    def is_disturbance_trial(self, k: int) -> bool:
+        """Trial k begins with a disturbance window (``--disturbance-from``; never trial 0, which explores)."""
+        return 1 <= self.disturbance_from <= k
+
     def run_trial(self, k: int, policy: Path | None, version: str) -> TrialRow:
         """Start the simulated robot, record it while the armed controller acts, stop; the trial's row."""
+        from mcpilco_core.learning.learner import trial_noise_seed
         from mcpilco_core.learning.retrain import trial_cost
         from mcpilco_core.recording import SessionDirectory, load_trial
 
         ros, started = self.ros, time.perf_counter()
         duration = self.cfg.exploration_duration if k == 0 else self.cfg.trial_duration
         x0 = self.initial_state(k)
+        disturb = self.is_disturbance_trial(k)
         record = self.out / "trials" / f"trial_{k:03d}.npz"
         sim_params = write_overrides(self.out / "params" / f"sim_trial_{k:03d}.yaml", {"sim_driver_node": {
             "mode": "lockstep", "lockstep_timeout": LOCKSTEP_TIMEOUT, "initial_state": [float(v) for v in x0],
-            "duration": float(duration), "record_file": str(record), "exit_when_done": True}})
+            "duration": float(duration), "record_file": str(record), "exit_when_done": True,
+            "robot_profile": str(self.profile_spec), "protocol": {"seed": trial_noise_seed(self.cfg.seed, k)},
+            "disturbance": {"seed": int(np.random.SeedSequence([self.cfg.seed, k, 2]).generate_state(1)[0])}}})
         name = f"sim_driver_trial_{k:03d}"
         what = "exploration, random torques" if k == 0 else f"policy {version}"
+        what += ", after a disturbance window" if disturb else ""
         self.say(f"trial {k}/{self.trials - 1}: {what}, {duration:g} s from x0 = {(np.round(x0, 3) + 0.0).tolist()}")
         sim = self.nodes.start(name, "sim_driver_node", [self.robot_file, sim_params])
-        ros.trigger(ros.start_trial, "start_trial")
+        window = self._start_disturbance_trial(name) if disturb else None
+        if not disturb:
+            ros.trigger(ros.start_trial, "start_trial")
         ros.wait(lambda: int(ros.value("trainer_node", "states_recorded", "0")) > 0, self.o.startup_timeout,
                  f"trainer recording the simulated robot ({self.nodes.tail(name)})")
         ros.set_bool(ros.enable, True, "arm the controller")
@@ -370,17 +410,41 @@ class SimSession:
             raise SessionError(f"simulated robot of trial {k} ended with code {sim.returncode}: "
                                f"{self.nodes.tail(name)}")
         trial = load_trial(self.out / "session" / f"trial_{k:03d}", self.cfg.robot)
-        lost = int(np.load(record)["lockstep_timeouts"])
+        with np.load(record) as data:
+            lost = int(data["lockstep_timeouts"])
+            steps, window_steps = len(data["u"]), int(np.sum(np.diff(data["disturbance_windows"], axis=1)))
         total, mean = trial_cost(trial, self.cfg.cost)
         entry = SessionDirectory.open(self.out / "session").info["trials"][k]
+        dt = self.cfg.robot.control_period
         row = TrialRow(k, "explore" if k == 0 else "policy", str(policy or ""), version, x0.tolist(), duration,
                        dict(entry["messages"]), int(trial.valid.sum()), mean, total,
-                       timings_s={"trial": time.perf_counter() - started})
+                       timings_s={"trial": time.perf_counter() - started}, robot_time_s=steps * dt,
+                       window_s=window_steps * dt, disturbance=window)
         self.say(f"trial {k}: bag trial_{k:03d} closed ({stopped.split(': ', 1)[-1]}); "
                  f"{row.transitions} transitions of {self.cfg.robot.policy_period * 1e3:g} ms, cost {row.cost_sum:.2f} "
                  f"(mean {row.cost:.3f} per state)"
-                 f"{f', {lost} steps without an answer' if lost else ''}")
+                 f"{f', {lost} steps without an answer' if lost else ''}; robot time {row.robot_time_s:.3f} s"
+                 f"{f' (window {row.window_s:.3f} s)' if window else ''}")
         return row
+
+    def _start_disturbance_trial(self, sim_name: str) -> dict:
+        """Record a disturbance trial: the trainer calls the driver's ~/disturb once it records; wait for the
+        driver's answer (the window is armed before the controller is, so it starts at the trial's first step)."""
+        ros = self.ros
+        ros.wait(lambda: ros.value("trainer_node", "disturb_ready") == "True", self.o.startup_timeout,
+                 f"trainer_node seeing the simulated robot's ~/disturb ({self.nodes.tail(sim_name)})")
+        before = int(ros.value("trainer_node", "disturbance_answers", "0"))
+        ros.trigger(ros.start_disturbance_trial, "start_disturbance_trial")
+        ros.wait(lambda: int(ros.value("trainer_node", "disturbance_answers", "0")) > before, self.o.startup_timeout,
+                 "the simulated robot's answer to ~/disturb")
+        answer = ros.value("trainer_node", "last_disturbance")
+        try:
+            window = json.loads(answer)
+        except json.JSONDecodeError:
+            raise SessionError(f"~/disturb refused: {answer} ({self.nodes.tail(sim_name)})") from None
+        self.say(f"disturbance window towards {np.round(window['target'], 3).tolist()} rad, "
+                 f"{window['torque_limit']:g} N m limit")
+        return window
 
     # ------------------------------------------------------------------ retraining
     def start_retrain(self, k: int) -> int:
@@ -415,19 +479,22 @@ class SimSession:
 
         start = time.perf_counter()
         results = evaluate_seeds(ControllerSpec(str(self.robot_file), row.policy), self.eval_seeds,
-                                 jobs=self.o.eval_jobs, duration=self.o.eval_duration)
+                                 jobs=self.o.eval_jobs, duration=self.o.eval_duration, profile=self.profile)
         row.eval_scores = [float(r.score) for r in results]
         row.eval_score = float(np.mean(row.eval_scores))
+        row.eval_time_s = len(self.eval_seeds) * self.o.eval_duration    # a report only: not robot time
         row.timings_s["evaluation"] = time.perf_counter() - start
         self.say(f"trial {row.trial} policy {row.policy_version}: evaluation score {row.eval_score:.4f} "
-                 f"(seeds {list(self.eval_seeds)}, {self.o.eval_duration:g} s protocol)")
+                 f"(seeds {list(self.eval_seeds)}, {self.o.eval_duration:g} s protocol, robot profile "
+                 f"{self.profile.label}; a report, not robot time)")
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         """The whole session; SIGINT and SIGTERM become KeyboardInterrupt meanwhile (see InterruptGuard), so every
         exit path stops the nodes."""
         self.say(f"session: {self.cfg.robot.robot}, {self.trials} trials, training config {self.cfg.source}, "
-                 f"out {self.out}")
+                 f"robot profile {self.profile.label}, disturbance trials "
+                 f"{f'from trial {self.disturbance_from}' if self.disturbance_from else 'never'}, out {self.out}")
         self.guard.install()
         try:
             self.start_nodes()
@@ -472,7 +539,11 @@ class SimSession:
         shutil.copyfile(final.policy, self.out / "policy.npz")
         plot = plot_session_curve(rows, self.out / "learning_curve.png",
                                   f"mcpilco session --sim: {self.cfg.robot.robot}, {Path(self.cfg.source).name}")
+        robot_time = self.robot_time()
         result = {"robot": self.cfg.robot.robot, "train_config": str(self.cfg.source), "trials": rows,
+                  "robot_profile": self.profile.label, "disturbance_from": self.disturbance_from,
+                  "robot_time_s": robot_time["total"], "robot_time_breakdown_s": robot_time,
+                  "evaluation_time_s": sum(r.eval_time_s for r in self.rows),
                   "final_policy": final.policy, "final_policy_version": final.policy_version,
                   "final_score": final.eval_score, "final_scores": final.eval_scores,
                   "eval_seeds": list(self.eval_seeds), "eval_duration_s": self.o.eval_duration,
@@ -480,10 +551,22 @@ class SimSession:
         (self.out / "session.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         self.say(f"learning curve: mean cost per trial {[round(r.cost, 3) for r in self.rows]}, evaluation score per "
                  f"trial {[None if r.eval_score is None else round(r.eval_score, 4) for r in self.rows]}")
+        self.say(f"robot time {robot_time['total']:.3f} s (exploration {robot_time['exploration']:.3f}, trials "
+                 f"{robot_time['trials']:.3f}, windows {robot_time['windows']:.3f}); evaluation runs "
+                 f"{result['evaluation_time_s']:g} s of simulated protocol, reported apart")
         self.say(f"final policy {final.policy_version}: score {final.eval_score:.4f} over seeds "
                  f"{list(self.eval_seeds)} ({self.o.eval_duration:g} s protocol); wrote {plot}, "
                  f"{self.out / 'session.json'}, {self.out / 'policy.npz'}")
         return result
+
+
+    def robot_time(self) -> dict[str, float]:
+        """Seconds the robot ran for learning: exploration (trial 0), trials (without their windows), disturbance
+        windows, and their total (every simulated step of every trial)."""
+        explore = sum(r.robot_time_s for r in self.rows if r.mode == "explore")
+        windows = sum(r.window_s for r in self.rows)
+        total = sum(r.robot_time_s for r in self.rows)
+        return {"exploration": explore, "trials": total - explore - windows, "windows": windows, "total": total}
 
 
 def run_session(options: SessionOptions) -> dict:
@@ -509,6 +592,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="evaluation worker processes")
     parser.add_argument("--trial-timeout", type=float, default=600.0, help="s of wall time per trial")
     parser.add_argument("--retrain-timeout", type=float, default=7200.0, help="s of wall time per retrain")
+    parser.add_argument("--robot-profile", help="the simulated robot (config/robot_profiles.yaml: nominal, "
+                        "hardware_proxy, perturbed, NAME:SEED, or a profile YAML file; default: the training "
+                        "config's robot_profile); the evaluation scores on it too")
+    parser.add_argument("--disturbance-from", type=int, metavar="K",
+                        help="trials K, K+1, ... begin with a disturbance window (the protocol's 0.2 s reset PID on "
+                             "both motors, run by the driver); 0 = never (default: the training config's "
+                             "initial_state.disturbance_trial_from)")
     parser.add_argument("--notes", default="", help="free text for session.yaml")
     parser.add_argument("--quiet", action="store_true")
 
@@ -520,7 +610,8 @@ def _run(args: argparse.Namespace) -> int:
                              out=args.out, trials=args.trials, eval_seeds=tuple(args.eval_seeds),
                              eval_duration=args.eval_duration, eval_jobs=args.jobs,
                              trial_timeout=args.trial_timeout, retrain_timeout=args.retrain_timeout,
-                             notes=args.notes, quiet=args.quiet)
+                             notes=args.notes, quiet=args.quiet, robot_profile=args.robot_profile,
+                             disturbance_from=args.disturbance_from)
     try:
         run_session(options)
     except (SessionError, ConfigError, ValueError) as exc:

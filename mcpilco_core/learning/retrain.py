@@ -230,7 +230,9 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
     """Learning curve of a session: cost of each recorded trial and evaluation score of each trial's policy.
 
     ``rows``: one dict per trial with ``trial``, ``cost`` (mean per state) and ``eval_score`` (None for trial 0,
-    which explores).
+    which explores); with ``robot_time_s`` (s the robot ran in the trial) in every row the x axis is robot
+    seconds: a trial's cost at the robot time up to its end, a policy's score at the robot time of the trials it
+    learned from (those before it).
     """
     import matplotlib
 
@@ -239,17 +241,27 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
     import matplotlib.pyplot as plt
 
     fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_cost.plot([r["trial"] for r in rows], [r["cost"] for r in rows], "o-")
-    ax_cost.set(xlabel="trial (0 = exploration)", ylabel="mean cost per state (policy period)",
+    timed = bool(rows) and all(r.get("robot_time_s") for r in rows)
+    if timed:
+        ends = np.cumsum([float(r["robot_time_s"]) for r in rows])
+        x_cost = {r["trial"]: float(e) for r, e in zip(rows, ends)}
+        x_score = {r["trial"]: float(e - r["robot_time_s"]) for r, e in zip(rows, ends)}
+        x_label = "robot seconds (exploration + trials + disturbance windows)"
+    else:
+        x_cost = x_score = {r["trial"]: r["trial"] for r in rows}
+        x_label = "trial (0 = exploration)"
+    ax_cost.plot([x_cost[r["trial"]] for r in rows], [r["cost"] for r in rows], "o-")
+    ax_cost.set(xlabel=x_label, ylabel="mean cost per state (policy period)",
                 title="cost of each recorded trial", ylim=(0, 1))
-    scored = [(r["trial"], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
+    scored = [(x_score[r["trial"]], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
     if scored:
         ax_score.plot(*zip(*scored), "o-")
-    ax_score.set(xlabel="trial", ylabel="evaluation score (protocol)", ylim=(0, 1),
-                 title="score of each trial's policy")
+    ax_score.set(xlabel=x_label.replace("robot seconds", "robot seconds learned from"),
+                 ylabel="evaluation score (protocol)", ylim=(0, 1), title="score of each trial's policy")
     ax_score.set_xlim(ax_cost.get_xlim())
     for ax in (ax_cost, ax_score):
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        if not timed:
+            ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     from ..plotting import save_figure
 
