@@ -377,7 +377,7 @@ class SimSession:
 
     def run_trial(self, k: int, policy: Path | None, version: str) -> TrialRow:
         """Start the simulated robot, record it while the armed controller acts, stop; the trial's row."""
-        from mcpilco_core.learning.learner import trial_noise_seed
+        from mcpilco_core.learning.learner import disturbance_seed, trial_noise_seed
         from mcpilco_core.learning.retrain import trial_cost
         from mcpilco_core.recording import SessionDirectory, load_trial
 
@@ -390,7 +390,7 @@ class SimSession:
             "mode": "lockstep", "lockstep_timeout": LOCKSTEP_TIMEOUT, "initial_state": [float(v) for v in x0],
             "duration": float(duration), "record_file": str(record), "exit_when_done": True,
             "robot_profile": str(self.profile_spec), "protocol": {"seed": trial_noise_seed(self.cfg.seed, k)},
-            "disturbance": {"seed": int(np.random.SeedSequence([self.cfg.seed, k, 2]).generate_state(1)[0])}}})
+            "disturbance": {"seed": disturbance_seed(self.cfg.seed, k)}}})
         name = f"sim_driver_trial_{k:03d}"
         what = "exploration, random torques" if k == 0 else f"policy {version}"
         what += ", after a disturbance window" if disturb else ""

@@ -187,6 +187,9 @@ def test_reader_keeps_reset_marked_states_and_their_neighbours_from_the_model(tm
     assert list(np.flatnonzero(trial.mode == "reset")) == [5, 9, 10]
     assert "3 interval(s) of 20 ms in reset/disturbance windows" in " ".join(trial.notes)
     assert len(trial.transitions(PENDUBOT.actuated_joint)) == 27
+    handed = trial.handed_over_states()                     # the states where each marked run's intervals end
+    np.testing.assert_array_equal(handed, trial.x[[6, 11]])
+    assert recording.LoadResult([trial, trial]).handed_over_states().shape == (4, 4)
 
 
 def make_trainer(context, tmp_path, **overrides):

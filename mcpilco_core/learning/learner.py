@@ -196,6 +196,8 @@ def load_train_config(path: str | Path, robot: str | None = None,
     robot_path = path.parent / r.string("robot_config", f"{robot or 'pendubot'}.yaml")
     if robot_config is not None:
         robot_path = Path(robot_config)
+    if not robot_path.is_file():
+        raise ConfigError(path, "robot_config", f"no such robot config file: {robot_path}")
     robot_cfg = load_robot_config(robot_path)
     if robot is not None and robot_cfg.robot != robot:
         raise ConfigError(path, "robot_config", f"{robot_path} is for the {robot_cfg.robot}, not the {robot}")
@@ -412,14 +414,13 @@ def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: floa
     controller acts after it, and the passive joint gets exactly 0 outside the window. The window's steps are
     recorded with mode ``reset``.
     """
-    from ..evaluation import RESET_TORQUE_LIMIT, DisturbanceSchedule, ResetPerturbation
+    from ..evaluation import RESET_TORQUE_LIMIT, DisturbanceWindow
     from ..plant import DoublePendulum
     from ..simulation import drive, load_robot_profile
 
     override = None
     if disturbance_target is not None:
-        schedule = DisturbanceSchedule(times=np.zeros(1), targets=np.asarray(disturbance_target, float).reshape(1, 2))
-        override = ResetPerturbation(schedule, DoublePendulum(config.plant), config.control_period)
+        override = DisturbanceWindow(disturbance_target, DoublePendulum(config.plant), config.control_period)
     robot = load_robot_profile(profile).robot(config, seed, np.asarray(x0, dtype=np.float64), override=override,
                                               override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT))
     while override is not None and robot.in_override():     # the window first, then the trial's duration
@@ -437,6 +438,19 @@ def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     reset = np.flatnonzero(trajectory.mode == MODE_CODES["reset"])
     start = int(reset[-1]) + 1 if reset.size else 0
     return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
+
+
+def disturbance_seed(seed: int, trial: int) -> int:
+    """The seed of trial k's disturbance targets (``mcpilco session --sim`` hands it to the driver's window)."""
+    return int(np.random.SeedSequence([seed, trial, 2]).generate_state(1)[0])
+
+
+def disturbance_target(seed: int, trial: int) -> np.ndarray:
+    """The target (rad, both joints) of trial k's disturbance window: the driver's first target for
+    :func:`disturbance_seed` (``DisturbanceTargets``), so a session and ``mcpilco train`` disturb alike."""
+    from ..evaluation import DisturbanceTargets
+
+    return DisturbanceTargets(disturbance_seed(seed, trial)).next()
 
 
 def trial_noise_seed(seed: int, trial: int) -> int:
@@ -584,10 +598,10 @@ class Learner:
         """Fit, optimise, run, evaluate (trial k >= 1)."""
         numpy_policy, result, timings, rng, dist = self.fit_and_optimize(k, f"trial {k} policy")
         record = TrialRecord(k, None, dist.sample_numpy(1, rng)[0], numpy_policy, self.model.to_arrays(), result)
-        self._run_and_evaluate(record, timings, rng)
+        self._run_and_evaluate(record, timings)
         return record
 
-    def _run_and_evaluate(self, record: TrialRecord, timings: dict, rng: np.random.Generator) -> None:
+    def _run_and_evaluate(self, record: TrialRecord, timings: dict) -> None:
         """Run trial k's policy on the robot (robot time), extend the particles' pool, score it for the report."""
         from ..control import build_controller
 
@@ -596,7 +610,7 @@ class Learner:
         controller = build_controller(cfg.robot, record.policy)
         target = None
         if 1 <= s.disturbance_trial_from <= record.index:    # the trial begins with a reset PID window
-            target = rng.uniform(-math.pi, math.pi, size=2)
+            target = disturbance_target(cfg.seed, record.index)
         record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration, cfg.robot_profile,
                                          trial_noise_seed(cfg.seed, record.index), target)
         record.robot_time = robot_seconds(record.trajectory)

@@ -185,7 +185,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
                            f"({len(loaded.trials)} trial(s), {len(skipped)} skipped)")
     learner = Learner(config)
     learner.data = data
-    learner.pool = learner.build_initial_pool()
+    learner.pool = np.concatenate([learner.build_initial_pool(), loaded.handed_over_states()])
     index = run.next_index()
     model_file = run.newest(run.models, "model_*.npz") if warm_start else None
     if model_file is not None:

@@ -100,6 +100,13 @@ class TrialData:
         keep = self.valid
         return TransitionData(self.x[:-1][keep].copy(), self.u[keep, actuated_joint].copy(), self.x[1:][keep].copy())
 
+    def handed_over_states(self) -> np.ndarray:
+        """(M, 4) the states at the end of each reset / disturbance window of the trial: what the window handed
+        over to the controller (the particles' post-disturbance pool learns from them)."""
+        reset = np.asarray(self.mode) == "reset"
+        ends = np.flatnonzero(reset[:-1] & ~reset[1:]) + 1 if reset.size else np.zeros(0, dtype=int)
+        return self.x[ends].copy()
+
 
 def read_bag(path: str | Path) -> RawTrial:
     """Read the joint_states / joint_commands streams of one bag; raises TrialError naming the file."""
@@ -467,6 +474,10 @@ class LoadResult:
         for trial in self.trials:
             data = data.concat(trial.transitions(actuated_joint))
         return data
+
+    def handed_over_states(self) -> np.ndarray:
+        """(M, 4) every trial's :meth:`TrialData.handed_over_states`."""
+        return np.concatenate([np.zeros((0, 4))] + [trial.handed_over_states() for trial in self.trials])
 
 
 def find_bags(path: str | Path) -> tuple[list[Path], str | None, list[BagProblem]]:
