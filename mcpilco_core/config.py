@@ -574,6 +574,8 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                         PLANT_MODELS_FILE))
         if not models_file.is_absolute():
             models_file = Path(base_dir or ".") / models_file
+        if not models_file.is_file():
+            raise ConfigError(source, "plant_models_file", f"no such file: {models_file}")
         plant = load_plant_parameters(models_file, model)
     if values["u_max"] > values["torque_limit"]:
         raise ConfigError(source, "u_max", f"policy bound {values['u_max']} exceeds torque_limit "
