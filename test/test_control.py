@@ -205,3 +205,26 @@ def test_policy_only_configs_never_hand_over_to_the_lqr(repo, robot):
         assert only.mode == "idle"                              # no policy loaded, and never the LQR
     assert only.config.roa.enter_fraction == 0.0 and only.config.lqr == shipped.config.lqr
     assert only.config.plant == shipped.config.plant and only.config.damping == shipped.config.damping
+
+
+def test_the_robot_configs_u_max_bounds_a_loaded_policy(repo, tmp_path):
+    """Issue 13 item 9: with u_max 1.0 in the robot config the shipped acrobot policy (6 N m) applies <= 1 N m."""
+    import yaml
+
+    data = yaml.safe_load((repo / "config" / "acrobot.yaml").read_text())
+    params = data["/**"]["ros__parameters"]
+    params["u_max"], params["plant_models_file"] = 1.0, str(repo / "config" / "plant_models.yaml")
+    (tmp_path / "acrobot.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "acrobot.roa.json").write_bytes((repo / "config" / "acrobot.roa.json").read_bytes())
+    bounded = load_controller(tmp_path / "acrobot.yaml", repo / "policies" / "acrobot.npz")
+    shipped = load_controller(repo / "config" / "acrobot.yaml", repo / "policies" / "acrobot.npz")
+    rng = np.random.default_rng(1)
+    outputs = []
+    for k in range(400):
+        x = np.concatenate([rng.uniform(-np.pi, np.pi, 2), rng.uniform(-8, 8, 2)])
+        u_bounded, u_shipped = bounded.step(x, 0.02 * k), shipped.step(x, 0.02 * k)
+        if bounded.mode == "policy":
+            assert abs(u_bounded[1]) <= 1.0 and u_bounded[0] == 0.0
+            assert u_bounded[1] == pytest.approx(np.clip(u_shipped[1], -1.0, 1.0), abs=1e-12)
+            outputs.append(abs(u_shipped[1]))
+    assert max(outputs) > 3.0                       # the policy file alone would have applied more

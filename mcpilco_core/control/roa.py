@@ -104,11 +104,11 @@ def estimate_roa(plant: DoublePendulum, design: LqrDesign, torque_limit: float, 
 
 
 def _cache_key(config: RobotConfig) -> str:
-    """Fingerprint of the config without the switching fractions (they use rho, they do not change it)."""
+    """Fingerprint of the config without the switching fractions and the policy bound (they do not change rho)."""
     from dataclasses import replace
 
     neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction)
-    return replace(config, roa=neutral).fingerprint()
+    return replace(config, roa=neutral, u_max=RobotConfig.u_max).fingerprint()
 
 
 def cache_paths(config: RobotConfig) -> list[Path]:

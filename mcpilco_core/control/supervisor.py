@@ -111,7 +111,8 @@ class Supervisor:
             self._mode = "idle"
             return 0.0
         if self._mode != "policy" or t >= self._next_policy_time - POLICY_TICK_TOLERANCE:
-            self._held_u = float(self._policy(x))
+            u_max = self.config.u_max          # the robot config bounds the swing-up policy, whatever its file says
+            self._held_u = min(max(float(self._policy(x)), -u_max), u_max)
             period = self.config.policy_period
             # stay on the policy's time grid, but never schedule the next tick in the past
             grid_next = self._next_policy_time + period

@@ -235,9 +235,9 @@ def load_train_config(path: str | Path, robot: str | None = None,
         robot_profile=_robot_profile(r, path, robot_profile))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
-    if config.u_max > robot_cfg.torque_limit:
-        raise ConfigError(path, "policy.u_max", f"{config.u_max} N m exceeds the torque limit "
-                                                f"{robot_cfg.torque_limit} N m")
+    if config.u_max > robot_cfg.u_max:       # the controller clips the policy to the robot config's bound
+        raise ConfigError(path, "policy.u_max", f"{config.u_max} N m exceeds the robot config's u_max "
+                                                f"{robot_cfg.u_max} N m (torque limit {robot_cfg.torque_limit} N m)")
     if config.parallel != "ops" and config.device != "cpu":
         raise ConfigError(path, "parallel", f"{config.parallel!r} splits particles between CPU cores; "
                                             "use parallel: ops with device: cuda")
