@@ -13,23 +13,17 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rclpy")
-from _ros_helpers import CONFIG, Peer, joint_state, rig, wait_for  # noqa: E402
+from _ros_helpers import joint_state, rig, wait_for  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
+from test_ros_controller import connected, make_controller  # noqa: E402
 
 import mcpilco_ros.controller_node as controller_module  # noqa: E402
 from mcpilco_core.policy import SumOfGaussiansPolicy, load_policy, save_policy  # noqa: E402
 from mcpilco_ros._ros_utils import ParameterError  # noqa: E402
-from mcpilco_ros.controller_node import ControllerNode  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 FAR = (0.3, 0.0)   # far from upright: the policy acts
-
-
-def make_controller(context, **overrides) -> ControllerNode:
-    params = {"watchdog_timeout": 5.0, "diagnostics_period": 0.05, "warn_throttle": 0.0, **overrides}
-    return ControllerNode(context=context, cli_args=["--ros-args", "--params-file", str(CONFIG / "pendubot.yaml")],
-                          parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
 
 
 def good_policy(seed: int = 1) -> SumOfGaussiansPolicy:
@@ -61,15 +55,6 @@ def bad_files(folder) -> dict:
     files["nan_torque"] = save_policy(SumOfGaussiansPolicy(nan.centers, nan.log_lengthscales, nan.weights, 3.0,
                                                            "pendubot"), folder / "nan_torque.npz")
     return files
-
-
-def connected(r, **overrides):
-    controller = r.add(make_controller(r.context, **overrides))
-    peer = r.add(Peer(r.context, "joint_states", "joint_commands"))
-    r.start()
-    wait_for(lambda: peer.pub.get_subscription_count() >= 1 and controller.command_pub.get_subscription_count() >= 1,
-             what="controller and test peer matched")
-    return controller, peer
 
 
 def policy_answers(peer) -> list:
