@@ -156,7 +156,8 @@ class MoteusDriverNode(ConfiguredNode):
         level = {SafetyState.ACTIVE: OK, SafetyState.WAITING: OK, SafetyState.FAULT: ERROR}.get(decision.state, WARN)
         values = {"state": decision.state.value, "reason": decision.reason, "refused_commands": self.refused_commands,
                   "nonfinite_states": self.nonfinite_states,
-                  "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate}
+                  "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate,
+                  "friction_compensation_limit": self.config.friction_compensation_limit}
         values.update(self.driver.disturbance.summary())
         values.update({k: loop.get(k, math.nan) for k in ("rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles",
                                                           "can_timeouts", "can_errors", "rtt_p50_ms", "rtt_p99_ms",

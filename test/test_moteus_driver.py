@@ -274,3 +274,27 @@ def test_acrobot_actuates_the_elbow_only(make_rig: Callable[..., Rig]) -> None:
     wait_for(lambda: rig.motor(1).commands[0x022] == pytest.approx(-2.5))
     assert rig.motor(0).mode == 0 and rig.motor(0).max_commanded_torque == 0.0
     assert rig.bus.rig.passive_torque_peak == 0.0
+
+
+def test_opt_in_friction_compensation_reaches_the_passive_motor_bounded(make_rig: Callable[..., Rig]) -> None:
+    """friction_compensation_limit > 0: the passive motor is torque-controlled, clamped to that limit (<= 0.5 N m);
+    0 (default, the test above): only queried. A stop still stops both."""
+    rig = make_rig(virtual_config(friction_compensation_limit=0.3))
+    rig.driver.set_command((2.0, 0.2))
+    wait_for(lambda: rig.motor(1).commands[0x022] == pytest.approx(0.2))
+    assert rig.motor(1).commands[0x025] == pytest.approx(0.3) and rig.motor(0).commands[0x022] == pytest.approx(2.0)
+    rig.driver.set_command((2.0, -3.0))                                          # clamped to the limit
+    wait_for(lambda: rig.motor(1).commands[0x022] == pytest.approx(-0.3))
+    assert rig.motor(1).max_commanded_torque <= 0.3 + 1e-6                      # (float32 on the wire)
+    rig.driver.request_stop("test")
+    wait_for(lambda: rig.motor(0).mode == 0 and rig.motor(1).mode == 0)
+
+
+def test_friction_compensation_limit_is_bounded_by_the_config() -> None:
+    from mcpilco_core.config import ConfigError, read_yaml, unwrap_ros_parameters
+    from mcpilco_core.hardware.config import driver_config_from_mapping
+
+    params = unwrap_ros_parameters(read_yaml(CONFIG / "moteus_driver_pendubot.yaml"), "x", "moteus_driver_node")
+    assert driver_config_from_mapping(params, "x").friction_compensation_limit == 0.0
+    with pytest.raises(ConfigError, match="friction_compensation_limit"):
+        driver_config_from_mapping({**params, "friction_compensation_limit": 0.6}, "x")

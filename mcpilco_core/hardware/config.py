@@ -18,6 +18,7 @@ from typing import Any
 from ..config import (
     ACTUATED_JOINT,
     JOINT_NAMES,
+    PASSIVE_COMPENSATION_MAX,
     ROS_OWN_PARAMETERS,
     TORQUE_LIMIT_MAX,
     ConfigError,
@@ -123,6 +124,10 @@ class DriverConfig(RobotJoints):
                                       "cycles)", 0.05, low=1e-3, high=1.0)
     damping_gain: float = setting("N m s/rad on the actuated joint after a limit violation", 0.5, low=0.0,
                                   high=100.0)
+    friction_compensation_limit: float = setting(
+        "N m, bound of the passive joint's torque for the controller's opt-in friction compensation (0 = off: the "
+        "passive motor is only queried outside disturbance windows; at most 0.5, as RealAIGym allowed)", 0.0,
+        low=0.0, high=PASSIVE_COMPENSATION_MAX)
     damping_duration: float = setting("s of damping after a limit violation, then both motors stop", 1.0,
                                       low=0.0, high=60.0)
     diagnostics_period: float = setting("s between diagnostics messages", 0.5, low=0.01, high=60.0)

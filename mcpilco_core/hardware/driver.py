@@ -268,6 +268,13 @@ class MoteusDriver:
             commands[passive] = stop_command(self.controllers[passive])
         commands[act] = torque_command(self.controllers[act], units.motor_torque(joint, decision.torques[act]),
                                        joint.torque_limit / joint.gear_ratio, self.config.watchdog_timeout)
+        compensation = self.config.friction_compensation_limit
+        if compensation > 0.0 and not self.disturbance.release_pending:   # opt-in: the passive joint's friction
+            passive = self.config.passive_joint
+            pjoint = self.config.joints[passive]
+            commands[passive] = torque_command(self.controllers[passive],
+                                               units.motor_torque(pjoint, decision.torques[passive]),
+                                               compensation / pjoint.gear_ratio, self.config.watchdog_timeout)
         return commands, False
 
     async def _transact(self, commands: list) -> bool:

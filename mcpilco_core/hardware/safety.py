@@ -14,7 +14,9 @@ both motors must be stopped. Rules, in order:
 4. no command received yet -> zero torque (commands are the enable signal: the controller only publishes
    when enabled);
 5. newest command older than ``command_timeout`` -> zero torque until fresh commands arrive;
-6. otherwise the commanded torque, clamped per joint; the passive joint always gets exactly 0.
+6. otherwise the commanded torque, clamped per joint; the passive joint gets exactly 0 -- unless the driver
+   config's opt-in ``friction_compensation_limit`` (<= 0.5 N m) bounds what the controller's friction
+   compensation may put there.
 """
 
 from __future__ import annotations
@@ -171,8 +173,9 @@ class SafetySupervisor:
 
     def _clamp(self, command: tuple[float, float]) -> tuple[float, float]:
         out = []
-        for joint, tau in zip(self.config.joints, command):
-            limit = joint.torque_limit  # exactly 0 on the passive joint
+        for i, (joint, tau) in enumerate(zip(self.config.joints, command)):
+            # exactly 0 on the passive joint, unless the opt-in friction compensation gives it a (<= 0.5 N m) bound
+            limit = self.config.friction_compensation_limit if i == self.config.passive_joint else joint.torque_limit
             clamped = min(max(tau, -limit), limit) if limit > 0.0 else 0.0
             if clamped != tau:
                 self.clamped_commands += 1
