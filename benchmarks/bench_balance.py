@@ -2,6 +2,7 @@
 plant) on a robot profile, from states at given levels of the LQR cost-to-go V (issue: the robot is not the model).
 
     python benchmarks/bench_balance.py --profiles nominal hardware_proxy --levels 0.5 1 4 --samples 200
+    python benchmarks/bench_balance.py --design-sweep --samples 200      # can another LQR design catch on model_1.0?
 
 A start is *caught* when, after ``--horizon`` s on the simulated robot (with its sensors and motors), the state is
 within 0.2 rad (q1) / 0.3 rad (q2) of upright. Rows with
@@ -20,9 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import FrictionCompensationConfig, load_plant_parameters, load_robot_config  # noqa: E402
-from mcpilco_core.control import build_controller  # noqa: E402
-from mcpilco_core.control.roa import sample_sublevel_states  # noqa: E402
-from mcpilco_core.plant import wrap_state  # noqa: E402
+from mcpilco_core.control import build_controller, design_lqr  # noqa: E402
+from mcpilco_core.control.roa import sample_sublevel_states, simulate_lqr  # noqa: E402
+from mcpilco_core.plant import DoublePendulum, wrap_state  # noqa: E402
 from mcpilco_core.simulation import drive, load_robot_profile  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "config"
@@ -39,6 +40,31 @@ def caught_fraction(config, profile, x0s: np.ndarray, horizon: float) -> float:
     return caught / len(x0s)
 
 
+def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> None:
+    """LQR designs on model_1.0 without its Coulomb friction but with passive viscous damping c (a linear stand-in
+    for the stick), Q and R scaled, each run (pure saturated LQR at 500 Hz) on model_1.0 from V = 0.5 rho."""
+    friction = load_plant_parameters(CONFIG / "plant_models.yaml", "model_1.0")
+    print("| robot | design: passive damping c (N m s/rad) | Q scale | R scale | caught at V = 0.5 rho |")
+    print("|---|---|---|---|---|")
+    for robot in robots:
+        config = load_robot_config(CONFIG / f"{robot}.yaml")
+        act = config.actuated_joint
+        nominal = build_controller(config)
+        x0 = sample_sublevel_states(nominal.design, np.full(samples, 0.5 * nominal.rho), np.random.default_rng(seed))
+        for c in (0.0, 0.02, 0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 12.0):
+            for q_scale, r_scale in ((1.0, 1.0), (10.0, 1.0), (1.0, 10.0)):
+                damping = [0.0, 0.0]
+                damping[1 - act] = c
+                model = dataclasses.replace(friction, cf=(0.0, 0.0), b=tuple(damping))
+                design = design_lqr(DoublePendulum(model), act, tuple(np.array(config.lqr.Q_diag) * q_scale),
+                                    config.lqr.R * r_scale)
+                xf = simulate_lqr(DoublePendulum(friction), design, x0, config.torque_limit, config.control_period,
+                                  horizon)
+                err = wrap_state(xf) - design.goal
+                ok = np.isfinite(err).all(axis=1) & (np.abs(err[:, 0]) < 0.2) & (np.abs(err[:, 1]) < 0.3)
+                print(f"| {robot} | {c} | {q_scale} | {r_scale} | {ok.mean():.2f} |", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--robots", nargs="+", default=["pendubot", "acrobot"])
@@ -47,7 +73,11 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--horizon", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--design-sweep", action="store_true", help="other LQR designs on model_1.0 (see above)")
     args = parser.parse_args()
+    if args.design_sweep:
+        design_sweep(args.robots, args.samples, args.horizon, args.seed)
+        return 0
     friction = load_plant_parameters(CONFIG / "plant_models.yaml", "model_1.0")
     print("| robot | profile | compensation | " + " | ".join(f"V = {v} rho" for v in args.levels) + " |")
     print("|---|---|---|" + "---|" * len(args.levels))
