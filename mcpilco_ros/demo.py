@@ -98,9 +98,9 @@ def run_demo(robot: str = "pendubot", seed: int = 0, policy: Path | None = None,
         try:
             code = sim.wait(timeout=timeout)
         finally:
-            _stop(sim)
+            stop_process(sim)
     finally:
-        _stop(controller)
+        stop_process(controller)
     wall = time.perf_counter() - start
     if code != 0 or not record.is_file():
         raise RuntimeError(f"the simulated robot ended with code {code} and no trajectory at {record}")
@@ -112,7 +112,7 @@ def run_demo(robot: str = "pendubot", seed: int = 0, policy: Path | None = None,
     return result
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
     """SIGINT (clean node shutdown), then SIGKILL if it does not leave."""
     if proc.poll() is None:
         proc.send_signal(2)

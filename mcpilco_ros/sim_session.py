@@ -62,7 +62,7 @@ import numpy as np
 
 from mcpilco_core.config import ConfigError
 
-from .demo import ROBOTS, _stop, node_command, ros_environment, write_overrides
+from .demo import ROBOTS, node_command, ros_environment, stop_process, write_overrides
 
 ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID", "ROS_LOG_DIR", "AMENT_PREFIX_PATH")
 LOCKSTEP_TIMEOUT = 5.0      # s of wall time before the simulated robot steps without an answer (busy machine)
@@ -200,7 +200,7 @@ class NodeProcesses:
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
         if proc is not None:
-            _stop(proc)
+            stop_process(proc)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):

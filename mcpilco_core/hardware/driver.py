@@ -186,7 +186,7 @@ class MoteusDriver:
                 by_id = {getattr(r, "id", None): r for r in results if hasattr(r, "values")}
                 motor = self.motors[index]
                 if motor.can_id in by_id:
-                    _update_motor(motor, by_id[motor.can_id].values)
+                    update_motor(motor, by_id[motor.can_id].values)
                     stopped[index] = True
             if all(stopped):
                 self._stop_sent = True
@@ -311,7 +311,7 @@ class MoteusDriver:
         for motor in self.motors:
             motor.replied = motor.can_id in by_id
             if motor.replied:
-                _update_motor(motor, by_id[motor.can_id].values)
+                update_motor(motor, by_id[motor.can_id].values)
         return all(m.replied for m in self.motors) if len(results) >= len(self.motors) else bool(by_id)
 
     # ------------------------------------------------------------------ the periodic loop
@@ -333,7 +333,8 @@ class MoteusDriver:
             await asyncio.sleep(delay)
 
 
-def _update_motor(motor: MotorStatus, values: dict) -> None:
+def update_motor(motor: MotorStatus, values: dict) -> None:
+    """Copy a moteus reply's registers (mode, fault, position, velocity, torque) into ``motor``."""
     reg = moteus.Register
     motor.mode = int(values.get(reg.MODE, motor.mode))
     motor.fault = int(values.get(reg.FAULT, motor.fault))

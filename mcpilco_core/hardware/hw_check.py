@@ -25,7 +25,7 @@ from ..paths import config_dir
 from . import units
 from .commands import fault_name, mode_name, stop_command, torque_command
 from .config import DriverConfig, load_driver_config
-from .driver import CAN_TIMEOUT_ERRORS, MotorStatus, _update_motor
+from .driver import CAN_TIMEOUT_ERRORS, MotorStatus, update_motor
 from .transport import TransportError, driver_transport
 
 PULSE_TORQUE_MAX = 1.0      # N m, hard bound of --pulse-torque
@@ -106,7 +106,7 @@ async def _stop_and_query(controller: moteus.Controller, attempts: int = 3) -> M
             continue
         if result is not None:
             status = MotorStatus(controller.id)
-            _update_motor(status, result.values)
+            update_motor(status, result.values)
             status.replied = True
             return status
     return None
@@ -140,7 +140,7 @@ async def _pulse(config: DriverConfig, transport: Any, controllers: list[moteus.
             cmd = torque_command(controller, units.motor_torque(joint, torque), joint.torque_limit / joint.gear_ratio,
                                  watchdog_timeout=0.1)
             result = await asyncio.wait_for(controller.execute(cmd), QUERY_TIMEOUT)
-            _update_motor(status, result.values)
+            update_motor(status, result.values)
             start_q = units.joint_position(joint, status.position) if start_q is None else start_q
             if status.mode in (1, 11):
                 print(f"pulse aborted: {mode_name(status.mode)}, fault {fault_name(status.fault)}", file=out)
