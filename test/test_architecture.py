@@ -137,3 +137,15 @@ def test_robot_and_recording_layers_never_load_torch(modules):
             + "import mcpilco_core.learning.gp\nassert 'torch' in sys.modules\n")  # the check itself can fail
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_no_private_names_imported_across_modules():
+    """A name with a leading underscore is private to its module: nobody imports it (``from .x import _y``)."""
+    modules = project_modules()
+    private = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PACKAGES)):
+                private += [f"{name}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not private, "\n".join(private)
