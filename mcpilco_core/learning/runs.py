@@ -247,13 +247,14 @@ class RunDirectory:
                 ax_cost.plot(steps, r.optimization.cost, lw=0.8, label=f"trial {r.index}")
                 offset += r.optimization.steps
         ax_cost.set(xlabel="optimisation step (all trials)", ylabel="particle cost J", title="policy optimisation")
-        robot_time = np.cumsum([r.robot_time for r in records])
-        scored = [(robot_time[i], float(r.eval_scores.mean())) for i, r in enumerate(records) if r.eval_scores.size]
+        # trial k's policy learnt from trials 0..k-1: it sits at the robot seconds spent before it ran
+        learnt_from = np.cumsum([0.0] + [r.robot_time for r in records])[:-1]
+        scored = [(learnt_from[i], float(r.eval_scores.mean())) for i, r in enumerate(records) if r.eval_scores.size]
         if scored:
             ax_score.plot(*zip(*scored), "o-")
             for (x, y), r in zip(scored, [r for r in records if r.eval_scores.size]):
                 ax_score.annotate(str(r.index), (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7)
-        ax_score.set(xlabel="robot time used for learning (s, counted)", ylabel="score (60 s protocol, a report)",
+        ax_score.set(xlabel="robot time the policy learnt from (s, counted)", ylabel="score (60 s protocol, a report)",
                      ylim=(0, 1), title="score against robot time (labels: trial)")
         from ..plotting import save_figure
 
