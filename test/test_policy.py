@@ -322,3 +322,17 @@ class zipfile_replace:  # noqa: N801 - a context manager used like a function
 
     def __exit__(self, *exc):
         self.out.unlink()
+
+
+@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
+def test_hardware_proxy_policies_run_on_the_proxy_without_passive_torque(robot, repo):
+    """policies/<robot>_hardware_proxy.npz (learned on the hardware-proxy robot) with its policy-only config."""
+    path = repo / "policies" / f"{robot}_hardware_proxy.npz"
+    if not path.is_file():
+        pytest.skip(f"{path.name} not shipped")
+    policy = load_policy(path, robot=robot, torque_limit=6.0)
+    assert policy.robot == robot and np.isfinite(policy.weights).all()
+    spec = ControllerSpec(str(repo / "config" / f"{robot}_policy_only.yaml"), str(path))
+    (result,) = evaluate_seeds(spec, [0], duration=6.0, profile="hardware_proxy")
+    assert result.passive_max_torque == 0.0 and result.passive_max_applied_torque == 0.0
+    assert result.mode_fractions.get("lqr", 0.0) == 0.0 and result.robot_profile == "hardware_proxy"
