@@ -336,3 +336,13 @@ def test_hardware_proxy_policies_run_on_the_proxy_without_passive_torque(robot, 
     (result,) = evaluate_seeds(spec, [0], duration=6.0, profile="hardware_proxy")
     assert result.passive_max_torque == 0.0 and result.passive_max_applied_torque == 0.0
     assert result.mode_fractions.get("lqr", 0.0) == 0.0 and result.robot_profile == "hardware_proxy"
+
+
+def test_the_compensated_proxy_policy_says_so_and_bounds_the_passive_joint(repo):
+    """policies/pendubot_hardware_proxy_compensated.npz runs with config/pendubot_friction_compensation.yaml:
+    the passive joint gets only the compensation (<= 0.5 N m), and the evaluation says it was on."""
+    path = repo / "policies" / "pendubot_hardware_proxy_compensated.npz"
+    spec = ControllerSpec(str(repo / "config" / "pendubot_friction_compensation.yaml"), str(path))
+    (result,) = evaluate_seeds(spec, [0], duration=6.0, profile="hardware_proxy")
+    assert result.friction_compensation and result.to_dict()["friction_compensation"] is True
+    assert 0.0 < result.passive_max_torque <= 0.5 and result.passive_max_applied_torque <= 0.5 + 1e-9
