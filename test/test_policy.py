@@ -324,12 +324,11 @@ class zipfile_replace:  # noqa: N801 - a context manager used like a function
         self.out.unlink()
 
 
-@pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
-def test_hardware_proxy_policies_run_on_the_proxy_without_passive_torque(robot, repo):
-    """policies/<robot>_hardware_proxy.npz (learned on the hardware-proxy robot) with its policy-only config."""
+def test_hardware_proxy_policy_runs_on_the_proxy_without_passive_torque(repo):
+    """policies/pendubot_hardware_proxy.npz (learned on the hardware-proxy robot) with its policy-only config.
+    (No acrobot file is shipped: its proxy run did not beat the nominal policy there, docs/learner.md.)"""
+    robot = "pendubot"
     path = repo / "policies" / f"{robot}_hardware_proxy.npz"
-    if not path.is_file():
-        pytest.skip(f"{path.name} not shipped")
     policy = load_policy(path, robot=robot, torque_limit=6.0)
     assert policy.robot == robot and np.isfinite(policy.weights).all()
     spec = ControllerSpec(str(repo / "config" / f"{robot}_policy_only.yaml"), str(path))
