@@ -3,6 +3,7 @@ speaking the fdcanusb protocol (signals, a missing controller, and LQR balancing
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import subprocess
@@ -86,16 +87,12 @@ def ros() -> Iterator[Callable[..., tuple[SingleThreadedExecutor, Probe]]]:
     rclpy.try_shutdown()
 
 
-@pytest.mark.timeout(30)
-def test_node_in_process_states_commands_diagnostics_stop(tmp_path: Path, ros: Callable) -> None:
+@contextlib.contextmanager
+def driver_node_in_process(path: Path, bus, channel: str) -> Iterator[tuple]:
+    """moteus_driver_node (params file ``path``) against the emulated controllers ``bus`` on the virtual CAN
+    ``channel``, spun with a :class:`Probe` in one executor thread; (node, probe) while it runs, all shut down after."""
     from mcpilco_ros.moteus_driver_node import MoteusDriverNode
 
-    channel = f"node-{uuid.uuid4().hex}"
-    path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
-                                            f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
-                       watchdog=0.5)
-    config = load_driver_config(path)
-    bus = robot_bus(config, DoublePendulum.from_yaml(CONFIG / "pendubot.yaml"), (0.2, 0.0, 0.0, 0.0))
     with VirtualCanEmulator(bus, channel):
         rclpy.init(args=["--ros-args", "--params-file", str(path)])
         node = MoteusDriverNode()
@@ -105,41 +102,54 @@ def test_node_in_process_states_commands_diagnostics_stop(tmp_path: Path, ros: C
         thread = threading.Thread(target=executor.spin, daemon=True)
         thread.start()
         try:
-            shoulder, elbow = bus.motor(1), bus.motor(2)
-            wait_for(lambda: len(probe.states) > 20, what="joint_states")
-            msg = probe.states[-1]
-            assert list(msg.name) == ["shoulder", "elbow"] and len(msg.position) == 2
-            age = time.time() - (msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec)
-            assert 0.0 <= age < 1.0                                   # stamped with the measurement time
-            assert shoulder.commands[0x022] == 0.0                    # zero torque before any command
-            wait_for(lambda: probe.commands.get_subscription_count() > 0, what="joint_commands matched")
-            wait_for(lambda: (probe.command((1.25, 2.0)), shoulder.commands[0x022] == pytest.approx(1.25))[1],
-                     what="command reaching the actuated motor")
-            assert elbow.max_commanded_torque == 0.0 and bus.rig.passive_torque_peak == 0.0
-            wait_for(lambda: any(len(d.status) == 3 for d in probe.diagnostics), what="diagnostics")
-            diag = probe.diagnostics[-1]
-            names = [s.name for s in diag.status]
-            assert names == ["moteus_driver_node: loop", "moteus_driver_node: shoulder", "moteus_driver_node: elbow"]
-            motor_keys = {kv.key for kv in diag.status[1].values}
-            assert {"mode", "fault", "fault_name", "temperature_C", "voltage_V"} <= motor_keys
-            loop = {kv.key: kv.value for kv in diag.status[0].values}
-            assert {"rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles", "rtt_p99_ms"} <= set(loop)
-            assert probe.stop_client.wait_for_service(timeout_sec=5.0)
-            future = probe.stop_client.call_async(Trigger.Request())
-            wait_for(future.done, what="~/stop answer")
-            assert future.result().success
-            wait_for(lambda: shoulder.mode == 0 and elbow.mode == 0, what="both motors stopped")
-            n = len(probe.states)
-            probe.command((1.0, 0.0))
-            wait_for(lambda: len(probe.states) > n + 10, what="joint_states after the stop")
-            assert shoulder.mode == 0                                  # latched
+            yield node, probe
         finally:
             executor.shutdown()
             thread.join(5.0)
             node.destroy_node()
             probe.node.destroy_node()
             rclpy.try_shutdown()
-        assert not node.runner.is_alive() and node.runner.stopped_cleanly
+
+
+@pytest.mark.timeout(30)
+def test_node_in_process_states_commands_diagnostics_stop(tmp_path: Path, ros: Callable) -> None:
+
+    channel = f"node-{uuid.uuid4().hex}"
+    path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
+                                            f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
+                       watchdog=0.5)
+    config = load_driver_config(path)
+    bus = robot_bus(config, DoublePendulum.from_yaml(CONFIG / "pendubot.yaml"), (0.2, 0.0, 0.0, 0.0))
+    with driver_node_in_process(path, bus, channel) as (node, probe):
+        shoulder, elbow = bus.motor(1), bus.motor(2)
+        wait_for(lambda: len(probe.states) > 20, what="joint_states")
+        msg = probe.states[-1]
+        assert list(msg.name) == ["shoulder", "elbow"] and len(msg.position) == 2
+        age = time.time() - (msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec)
+        assert 0.0 <= age < 1.0                                   # stamped with the measurement time
+        assert shoulder.commands[0x022] == 0.0                    # zero torque before any command
+        wait_for(lambda: probe.commands.get_subscription_count() > 0, what="joint_commands matched")
+        wait_for(lambda: (probe.command((1.25, 2.0)), shoulder.commands[0x022] == pytest.approx(1.25))[1],
+                 what="command reaching the actuated motor")
+        assert elbow.max_commanded_torque == 0.0 and bus.rig.passive_torque_peak == 0.0
+        wait_for(lambda: any(len(d.status) == 3 for d in probe.diagnostics), what="diagnostics")
+        diag = probe.diagnostics[-1]
+        names = [s.name for s in diag.status]
+        assert names == ["moteus_driver_node: loop", "moteus_driver_node: shoulder", "moteus_driver_node: elbow"]
+        motor_keys = {kv.key for kv in diag.status[1].values}
+        assert {"mode", "fault", "fault_name", "temperature_C", "voltage_V"} <= motor_keys
+        loop = {kv.key: kv.value for kv in diag.status[0].values}
+        assert {"rate_hz", "period_p50_ms", "period_p99_ms", "late_cycles", "rtt_p99_ms"} <= set(loop)
+        assert probe.stop_client.wait_for_service(timeout_sec=5.0)
+        future = probe.stop_client.call_async(Trigger.Request())
+        wait_for(future.done, what="~/stop answer")
+        assert future.result().success
+        wait_for(lambda: shoulder.mode == 0 and elbow.mode == 0, what="both motors stopped")
+        n = len(probe.states)
+        probe.command((1.0, 0.0))
+        wait_for(lambda: len(probe.states) > n + 10, what="joint_states after the stop")
+        assert shoulder.mode == 0                                  # latched
+    assert not node.runner.is_alive() and node.runner.stopped_cleanly
 
 
 def _start_node(path: Path, module: str = "mcpilco_ros.moteus_driver_node",

@@ -4,7 +4,6 @@ once; a NaN reading from a moteus stops both motors, is named in diagnostics, an
 from __future__ import annotations
 
 import math
-import threading
 import uuid
 from pathlib import Path
 
@@ -12,11 +11,10 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy")
 from _ros_helpers import wait_for  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
-from test_moteus_node import Probe, params_file  # noqa: E402
+from test_moteus_node import Probe, driver_node_in_process, params_file  # noqa: E402
 
 from mcpilco_core.hardware.config import load_driver_config  # noqa: E402
-from mcpilco_core.hardware.emulator import VirtualCanEmulator, robot_bus  # noqa: E402
+from mcpilco_core.hardware.emulator import robot_bus  # noqa: E402
 
 
 def loop_status(probe: Probe):
@@ -29,8 +27,6 @@ def loop_status(probe: Probe):
 
 @pytest.mark.timeout(40)
 def test_nan_command_is_refused_with_zero_torque_and_a_nan_reading_stops_both(tmp_path: Path) -> None:
-    from mcpilco_ros.moteus_driver_node import MoteusDriverNode
-
     channel = f"node-{uuid.uuid4().hex}"
     path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
                                             f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
@@ -40,42 +36,28 @@ def test_nan_command_is_refused_with_zero_torque_and_a_nan_reading_stops_both(tm
     config = load_driver_config(path)
     assert config.command_timeout == 1.0
     bus = robot_bus(config)
-    with VirtualCanEmulator(bus, channel):
-        rclpy.init(args=["--ros-args", "--params-file", str(path)])
-        node = MoteusDriverNode()
-        executor, probe = SingleThreadedExecutor(), Probe()
-        executor.add_node(node)
-        executor.add_node(probe.node)
-        thread = threading.Thread(target=executor.spin, daemon=True)
-        thread.start()
-        try:
-            shoulder, elbow = bus.motor(1), bus.motor(2)
-            wait_for(lambda: len(probe.states) > 5 and probe.commands.get_subscription_count() > 0,
-                     what="joint_states and joint_commands matched")
-            wait_for(lambda: (probe.command((1.5, 0.0)), shoulder.commands[0x022] == pytest.approx(1.5))[1],
-                     what="a command reaching the actuated motor")
-            probe.command((math.nan, 0.0))
-            wait_for(lambda: node.refused_commands >= 1 and shoulder.commands[0x022] == 0.0,
-                     what="the NaN command refused and the torque zeroed")
-            assert shoulder.mode == 10 and node.driver.safety.state.value == "active"
+    with driver_node_in_process(path, bus, channel) as (node, probe):
+        shoulder, elbow = bus.motor(1), bus.motor(2)
+        wait_for(lambda: len(probe.states) > 5 and probe.commands.get_subscription_count() > 0,
+                 what="joint_states and joint_commands matched")
+        wait_for(lambda: (probe.command((1.5, 0.0)), shoulder.commands[0x022] == pytest.approx(1.5))[1],
+                 what="a command reaching the actuated motor")
+        probe.command((math.nan, 0.0))
+        wait_for(lambda: node.refused_commands >= 1 and shoulder.commands[0x022] == 0.0,
+                 what="the NaN command refused and the torque zeroed")
+        assert shoulder.mode == 10 and node.driver.safety.state.value == "active"
 
-            with bus.lock:
-                elbow.velocity = math.nan                      # a broken encoder reading
-            wait_for(lambda: shoulder.mode == 0 and elbow.mode == 0, what="both motors stopped")
-            wait_for(lambda: node.nonfinite_states > 0, what="non-finite samples counted")
-            wait_for(lambda: (st := loop_status(probe)) is not None and "non-finite elbow velocity" in st.message,
-                     what="diagnostics naming the reading")
-            assert loop_status(probe).level == b"\x02"         # ERROR
-            n = len(probe.states)
-            with bus.lock:
-                elbow.velocity = 0.0                           # the readings recover: states flow again
-            wait_for(lambda: len(probe.states) > n + 5, what="joint_states after the reading recovered")
-            assert all(math.isfinite(v) for m in probe.states for v in (*m.position, *m.velocity, *m.effort))
-            probe.command((1.5, 0.0))
-            assert shoulder.mode == 0                           # latched fault
-        finally:
-            executor.shutdown()
-            thread.join(5.0)
-            node.destroy_node()
-            probe.node.destroy_node()
-            rclpy.try_shutdown()
+        with bus.lock:
+            elbow.velocity = math.nan                      # a broken encoder reading
+        wait_for(lambda: shoulder.mode == 0 and elbow.mode == 0, what="both motors stopped")
+        wait_for(lambda: node.nonfinite_states > 0, what="non-finite samples counted")
+        wait_for(lambda: (st := loop_status(probe)) is not None and "non-finite elbow velocity" in st.message,
+                 what="diagnostics naming the reading")
+        assert loop_status(probe).level == b"\x02"         # ERROR
+        n = len(probe.states)
+        with bus.lock:
+            elbow.velocity = 0.0                           # the readings recover: states flow again
+        wait_for(lambda: len(probe.states) > n + 5, what="joint_states after the reading recovered")
+        assert all(math.isfinite(v) for m in probe.states for v in (*m.position, *m.velocity, *m.effort))
+        probe.command((1.5, 0.0))
+        assert shoulder.mode == 0                           # latched fault
