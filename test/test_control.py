@@ -228,3 +228,17 @@ def test_the_robot_configs_u_max_bounds_a_loaded_policy(repo, tmp_path):
             assert u_bounded[1] == pytest.approx(np.clip(u_shipped[1], -1.0, 1.0), abs=1e-12)
             outputs.append(abs(u_shipped[1]))
     assert max(outputs) > 3.0                       # the policy file alone would have applied more
+
+
+def test_every_shipped_robot_config_finds_its_cached_roa(repo):
+    """Every config/<name>.yaml has a config/<name>.roa.json whose key matches (no ROA estimate at first use);
+    the key ignores what does not change rho (switching fractions, u_max, friction compensation)."""
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control.roa import _cache_key
+
+    robot_files = [p for p in sorted((repo / "config").glob("*.yaml"))
+                   if (p.with_name(p.stem + ".roa.json")).is_file()]
+    assert len(robot_files) >= 5
+    for path in robot_files:
+        cached = json.loads(path.with_name(path.stem + ".roa.json").read_text())["fingerprint"]
+        assert _cache_key(load_robot_config(path)) == cached, path.name
