@@ -115,3 +115,18 @@ def test_a_tiny_run_on_the_proxy_learns_from_what_its_sensors_measured(tmp_path)
     assert meta["robot_time_s"]["per_trial"][1] == pytest.approx(config.trial_duration + 0.2, abs=0.0021)
     with pytest.raises(RunError, match="robot profile: hardware_proxy -> nominal"):
         train(load_train_config(settings, robot_profile="nominal"), tmp_path / "run", resume=True)
+
+
+def test_resume_on_a_noisy_robot_learns_from_the_same_measurements(tmp_path):
+    """The run directory keeps what the sensors measured: a resumed run on the proxy equals an uninterrupted one."""
+    from dataclasses import replace
+
+    settings = tmp_path / "train.yaml"
+    settings.write_text(f"base: {TINY}\nrobot_profile: hardware_proxy\ntrials: 3\n")
+    config = load_train_config(settings)
+    whole = train(config, tmp_path / "whole")
+    train(replace(config, trials=2), tmp_path / "resumed")
+    resumed = train(config, tmp_path / "resumed", resume=True)
+    np.testing.assert_array_equal(resumed[2].policy.centers, whole[2].policy.centers)
+    np.testing.assert_array_equal(resumed[2].trajectory.extras["x_measured"], whole[2].trajectory.extras["x_measured"])
+    assert not np.array_equal(whole[1].trajectory.extras["x_measured"], whole[1].trajectory.x)

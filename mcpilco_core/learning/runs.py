@@ -5,7 +5,7 @@ Layout of ``runs/NAME/``::
     run.json                 run id, robot, config hash, package version, creation time, robot time used
     train_config.yaml        the training configuration as given;  robot_config.yaml: the robot's
     log.txt                  human-readable log (appended on resume)
-    trials/trial_000/        data.npz (simulator trajectory at 2 ms: t, x, u, u_cmd, mode; x0),
+    trials/trial_000/        data.npz (simulator trajectory at 2 ms: t, x, u, u_cmd, mode, x_measured; x0),
                              summary.json (timings, costs, scores) -- written last: marks the trial complete
     trials/trial_KKK/        + policy.npz (own format), model.npz (GP hyperparameters and subsets),
                              optimization.npz (cost / lr / dropout per step), disturbance_states.npy
@@ -166,7 +166,8 @@ class RunDirectory:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         t = record.trajectory
-        np.savez(tmp / "data.npz", t=t.t, x=t.x, u=t.u, u_cmd=t.u_cmd, mode=t.mode, x0=record.x0)
+        measured = t.extras.get("x_measured", t.x)          # what the learner fitted on (the sensors' view)
+        np.savez(tmp / "data.npz", t=t.t, x=t.x, u=t.u, u_cmd=t.u_cmd, mode=t.mode, x0=record.x0, x_measured=measured)
         if record.policy is not None:
             save_policy(record.policy, tmp / "policy.npz", run_id=meta["run_id"], config_hash=meta["config_hash"],
                         trial=record.index)
@@ -204,6 +205,8 @@ class RunDirectory:
         with _reading(path / "data.npz"):
             with np.load(path / "data.npz") as d:
                 traj = Trajectory(t=d["t"], x=d["x"], u=d["u"], u_cmd=d["u_cmd"], mode=d["mode"])
+                if "x_measured" in d.files:                      # runs before robot profiles: the truth
+                    traj.extras["x_measured"] = d["x_measured"]
                 x0 = d["x0"]
             if traj.x.ndim != 2 or traj.x.shape[1:] != (4,) or len(traj.t) != len(traj.x) or len(x0) != 4:
                 raise ValueError(f"arrays of inconsistent shapes (t {traj.t.shape}, x {traj.x.shape}, "
