@@ -3,6 +3,7 @@ plant) on a robot profile, from states at given levels of the LQR cost-to-go V (
 
     python benchmarks/bench_balance.py --profiles nominal hardware_proxy --levels 0.5 1 4 --samples 200
     python benchmarks/bench_balance.py --design-sweep --samples 200      # can another LQR design catch on model_1.0?
+    python benchmarks/bench_balance.py --robust-search                   # can any linear state feedback?
 
 A start is *caught* when, after ``--horizon`` s on the simulated robot (with its sensors and motors), the state is
 within 0.2 rad (q1) / 0.3 rad (q2) of upright. Rows with
@@ -65,6 +66,44 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
                 print(f"| {robot} | {c} | {q_scale} | {r_scale} | {ok.mean():.2f} |", flush=True)
 
 
+def robust_search(robots: list[str], restarts: int, seed: int) -> None:
+    """Is there one linear state feedback u = -k x that stabilises the upright both when the passive joint slides
+    (no damping) and when it sticks (Coulomb friction near zero speed acts like viscous damping of up to
+    cf * 100 N m s/rad)? Linearise the robot config's plant with passive damping c on a grid and search k
+    (Nelder-Mead from the LQR gain and random restarts) for the smallest worst-case spectral abscissa
+    (max real part of the closed-loop eigenvalues, 1/s): > 0 means every k found is unstable for some c."""
+    from scipy.optimize import minimize
+
+    grids = {"sliding and sticking": (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 6.0, 12.0, 20.0),
+             "sliding only": (0.0,), "sticking only": (1.0, 3.0, 6.0, 12.0, 20.0)}
+    rng = np.random.default_rng(seed)
+    print("| robot | passive damping c (N m s/rad) | LQR's worst abscissa (1/s) | best k found | its worst abscissa |")
+    print("|---|---|---|---|---|")
+    for robot in robots:
+        config = load_robot_config(CONFIG / f"{robot}.yaml")
+        act = config.actuated_joint
+        lqr_k = build_controller(config).design.K[act]
+        for label, grid in grids.items():
+            systems = []
+            for c in grid:
+                damping = [0.0, 0.0]
+                damping[1 - act] = c
+                a, b = DoublePendulum(dataclasses.replace(config.plant, b=tuple(damping))).linearize()
+                systems.append((a, b[:, act]))
+
+            def worst(k: np.ndarray, systems: list = systems) -> float:
+                return max(float(np.linalg.eigvals(a - np.outer(b, k)).real.max()) for a, b in systems)
+
+            best = None
+            for i in range(restarts):
+                start = lqr_k if i == 0 else lqr_k * np.exp(rng.normal(0.0, 1.0, 4)) * rng.choice([-1.0, 1.0], 4)
+                found = minimize(worst, start, method="Nelder-Mead",
+                                 options={"maxiter": 6000, "xatol": 1e-5, "fatol": 1e-7})
+                best = found if best is None or found.fun < best.fun else best
+            print(f"| {robot} | {label}: {', '.join(str(c) for c in grid)} | {worst(lqr_k):.2f} | "
+                  f"{np.array2string(best.x, precision=1)} | {best.fun:.2f} |", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--robots", nargs="+", default=["pendubot", "acrobot"])
@@ -74,7 +113,12 @@ def main() -> int:
     parser.add_argument("--horizon", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--design-sweep", action="store_true", help="other LQR designs on model_1.0 (see above)")
+    parser.add_argument("--robust-search", action="store_true", help="search one linear feedback for both regimes")
+    parser.add_argument("--restarts", type=int, default=30, help="random restarts of --robust-search")
     args = parser.parse_args()
+    if args.robust_search:
+        robust_search(args.robots, args.restarts, args.seed)
+        return 0
     if args.design_sweep:
         design_sweep(args.robots, args.samples, args.horizon, args.seed)
         return 0

@@ -333,3 +333,81 @@ def config_path_for(robot: str, config: str | Path | None = None) -> str:
     from .paths import config_dir
 
     return str(config_dir() / f"{robot}.yaml")
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the time goes: what happens after each disturbance (issue: policies at the level of the best)
+
+@dataclass(frozen=True)
+class Recovery:
+    """The stretch from one reset window's end (the hand-over) to the next window's start (or the run's end).
+
+    Times in s from the hand-over; NaN = it never happened in the stretch. ``time_to_line``: first state above
+    the line; ``time_to_stay``: from then on above the line until the stretch ends (the catch, whoever made it);
+    ``time_to_lqr``: the balancing controller's mode from then on to the end; ``below_line``: seconds below the
+    line in the stretch plus the window itself (what this disturbance cost the score).
+    """
+
+    seed: int
+    index: int
+    handover_time: float
+    handover_state: tuple[float, float, float, float]   # true state (rad, rad/s), angles wrapped to (-pi, pi]
+    length: float
+    time_to_line: float
+    time_to_stay: float
+    time_to_lqr: float
+    below_line: float
+
+    @property
+    def caught(self) -> bool:
+        return bool(np.isfinite(self.time_to_stay))
+
+
+def _first_from_then_on(flags: np.ndarray, dt: float) -> float:
+    """Time (s) of the first sample from which ``flags`` stays true to the end; NaN when the last is false."""
+    if flags.size == 0 or not flags[-1]:
+        return float("nan")
+    false = np.flatnonzero(~flags)
+    return (false[-1] + 1) * dt if false.size else 0.0
+
+
+def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> list[Recovery]:
+    """Split a kept trajectory at its reset windows and measure each recovery (see :class:`Recovery`).
+
+    The score line and the intervals follow the protocol's own count (an interval counts by its first state).
+    """
+    traj = result.trajectory
+    if traj is None:
+        raise ValueError("disturbance_recoveries needs the trajectory (evaluate_seed(..., keep_trajectory=True))")
+    dt = traj.dt
+    above = plant.end_effector_height(traj.x[:-1]) > plant.height_threshold
+    lqr = traj.mode == MODE_CODES["lqr"]
+    n = len(traj.mode)
+    bounds = [(int(round(a / dt)), int(round(b / dt))) for a, b in result.windows]
+    out = []
+    for i, (start, end) in enumerate(bounds):
+        stop = bounds[i + 1][0] if i + 1 < len(bounds) else n
+        up, balanced = above[end:stop], lqr[end:stop]
+        first = np.flatnonzero(up)
+        x0 = traj.x[end]
+        wrapped = (float(np.angle(np.exp(1j * x0[0]))), float(np.angle(np.exp(1j * x0[1]))))
+        out.append(Recovery(
+            seed=result.seed, index=i, handover_time=end * dt, handover_state=(*wrapped, float(x0[2]), float(x0[3])),
+            length=(stop - end) * dt, time_to_line=first[0] * dt if first.size else float("nan"),
+            time_to_stay=_first_from_then_on(up, dt), time_to_lqr=_first_from_then_on(balanced, dt),
+            below_line=float(np.sum(~above[start:stop])) * dt))
+    return out
+
+
+def summarize_recoveries(recoveries: Sequence[Recovery]) -> dict:
+    """Means over the recoveries (times over those where it happened) and the caught fraction."""
+    def mean_of(values: list[float]) -> float:
+        finite = [v for v in values if np.isfinite(v)]
+        return float(np.mean(finite)) if finite else float("nan")
+
+    return {"n": len(recoveries),
+            "caught": float(np.mean([r.caught for r in recoveries])) if recoveries else float("nan"),
+            "time_to_line": mean_of([r.time_to_line for r in recoveries]),
+            "time_to_stay": mean_of([r.time_to_stay for r in recoveries]),
+            "time_to_lqr": mean_of([r.time_to_lqr for r in recoveries]),
+            "below_line": mean_of([r.below_line for r in recoveries])}

@@ -363,6 +363,25 @@ def test_bad_samples_are_dropped_with_a_count_and_the_intervals_they_touch_are_i
     np.testing.assert_allclose(trial.u[trial.valid, 0], 0.5)
 
 
+def test_a_lockstep_driver_republishing_its_first_state_is_no_fault(tmp_path, pendubot_config):
+    """sim_driver_node in lockstep republishes its state while it waits for the controller's first command: the
+    repeats (same stamp, same values) are merged silently, leave no hole, and the trial equals the one without them
+    (a repeat with other values, or a stamp going back, is still dropped and reported)."""
+    x, applied, _, _ = simple_trial(301)
+    stamps = T0 + np.arange(301) * DT_NS
+    clean = recording.load_trial(_bag_with(tmp_path / "clean", x, applied, stamps), pendubot_config)
+    rep = np.r_[0, 0, 0, np.arange(301)]                  # state 0 three more times, as the driver does
+    repeated = recording.load_trial(_bag_with(tmp_path / "rep", x[rep], applied[rep], stamps[rep]), pendubot_config)
+    assert repeated.notes == clean.notes and not any("out of order" in n for n in repeated.notes)
+    assert repeated.valid.all() and len(repeated) == len(clean)
+    for name in ("t", "x", "u"):
+        np.testing.assert_array_equal(getattr(repeated, name), getattr(clean, name))
+    changed = x[rep].copy()
+    changed[1, 0] += 0.1          # same stamp, other values: not a repeat, and the next one no longer repeats it
+    odd = recording.load_trial(_bag_with(tmp_path / "odd", changed, applied[rep], stamps[rep]), pendubot_config)
+    assert "2 joint_states sample(s) stamped out of order" in " ".join(odd.notes)
+
+
 def test_a_bag_without_usable_states_is_skipped_with_the_reason(tmp_path, pendubot_config):
     x, applied, _, _ = simple_trial(101)
     x[:, 1] = np.nan

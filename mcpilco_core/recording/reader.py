@@ -319,7 +319,14 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
         bad |= (np.abs(raw.dq) > settings.max_velocity).any(axis=1)
         if len(raw.effort):
             bad |= ~np.isfinite(raw.effort).all(axis=1) | (np.abs(raw.effort) > settings.max_effort).any(axis=1)
-    candidates = np.flatnonzero(~bad)
+    # a repeat (the same stamp and values as the sample before it: a lockstep driver republishing its state while
+    # it waits for the first command) is no fault: merged silently, and no hole in the data
+    repeat = np.zeros(n, bool)
+    if n > 1:
+        repeat[1:] = (raw.state_t[1:] == raw.state_t[:-1]) & (values[1:] == values[:-1]).all(axis=1)
+    repeat &= ~bad
+    position = np.cumsum(~repeat)      # index of each sample once repeats are merged
+    candidates = np.flatnonzero(~bad & ~repeat)
     keep = candidates[_increasing_subsequence(raw.state_t[candidates])] if len(candidates) else candidates
     if len(keep) > 2:
         # the span the states cover: stamps more than the trial's own length (+ 1 s) away from the median are off
@@ -328,7 +335,7 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
         reach = 2.0 * len(keep) * step + 1e9
         keep = keep[np.abs((stamps - np.median(stamps)).astype(np.float64)) <= reach]
     values_dropped = int(bad.sum())
-    stamps_dropped = n - values_dropped - len(keep)
+    stamps_dropped = n - values_dropped - int(repeat.sum()) - len(keep)
     notes = []
     if values_dropped:
         notes.append(f"dropped {values_dropped} joint_states sample(s) with non-finite or absurd values "
@@ -337,10 +344,11 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
     if stamps_dropped:
         notes.append(f"dropped {stamps_dropped} joint_states sample(s) stamped out of order or far outside the "
                      "trial's time span")
-    hole = np.diff(keep) > 1 if len(keep) else np.zeros(0, bool)
+    hole = np.diff(position[keep]) > 1 if len(keep) else np.zeros(0, bool)
     effort = raw.effort[keep] if len(raw.effort) else raw.effort
     reset = raw.state_reset[keep] if len(raw.state_reset) == n else np.zeros(len(keep), bool)
-    return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes, n - len(keep), reset)
+    return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes,
+                        n - int(repeat.sum()) - len(keep), reset)
 
 
 def _clean_commands(raw: RawTrial) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:

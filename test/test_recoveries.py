@@ -1,0 +1,82 @@
+"""Where the time goes after each disturbance (evaluation.disturbance_recoveries)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mcpilco_core.control import build_controller
+from mcpilco_core.evaluation import (
+    DT,
+    EvaluationResult,
+    disturbance_recoveries,
+    evaluate_seed,
+    summarize_recoveries,
+)
+from mcpilco_core.policy import load_policy
+from mcpilco_core.simulation import MODE_CODES, Trajectory
+
+UP = (math.pi, 0.0, 0.0, 0.0)       # end effector 0.5 m high: above the 0.45 m line
+DOWN = (0.0, 0.0, 0.0, 0.0)
+
+
+def constructed(segments: list[tuple[int, tuple, str]], windows: list[list[float]]) -> EvaluationResult:
+    """A trajectory of ``(steps, state, mode)`` segments (plus the final state) and its reset windows."""
+    xs, modes = [], []
+    for steps, state, mode in segments:
+        xs += [state] * steps
+        modes += [MODE_CODES[mode]] * steps
+    x = np.array(xs + [xs[-1]], dtype=float)
+    n = len(modes)
+    traj = Trajectory(t=np.arange(n + 1) * DT, x=x, u=np.zeros((n, 2)), u_cmd=np.zeros((n, 2)),
+                      mode=np.array(modes))
+    return EvaluationResult(seed=7, score=0.0, uptime=0.0, passive_max_torque=0.0, passive_max_applied_torque=0.0,
+                            mode_fractions={}, windows=windows, trajectory=traj)
+
+
+def test_recoveries_on_a_constructed_run(pendubot_plant):
+    # 50 steps up; window 1 (100 steps); 30 below, 20 above, 10 below, then above to window 2: policy then LQR;
+    # window 2 (100 steps); 40 below until the end: never caught
+    state_after = (-3.0, 4.0, 1.5, -2.0)     # hand-over state 1 (q2 = 4 rad wraps to 4 - 2 pi)
+    result = constructed([(50, UP, "policy"), (100, DOWN, "reset"), (1, state_after, "policy"), (29, DOWN, "policy"),
+                          (20, UP, "policy"), (10, DOWN, "policy"), (25, UP, "policy"), (15, UP, "lqr"),
+                          (100, DOWN, "reset"), (40, DOWN, "policy")],
+                         windows=[[50 * DT, 150 * DT], [250 * DT, 350 * DT]])
+    first, second = disturbance_recoveries(result, pendubot_plant)
+    assert first.seed == 7 and first.index == 0 and first.handover_time == pytest.approx(150 * DT)
+    assert first.handover_state == pytest.approx((-3.0, 4.0 - 2 * math.pi, 1.5, -2.0))
+    assert first.length == pytest.approx(100 * DT)
+    assert first.time_to_line == pytest.approx(30 * DT)
+    assert first.time_to_stay == pytest.approx(60 * DT)      # above from step 60 of the stretch to its end
+    assert first.time_to_lqr == pytest.approx(85 * DT)
+    assert first.below_line == pytest.approx((100 + 40) * DT)  # the window, plus 30 + 10 below after it
+    assert first.caught
+    assert second.length == pytest.approx(40 * DT) and not second.caught
+    assert math.isnan(second.time_to_line) and math.isnan(second.time_to_stay) and math.isnan(second.time_to_lqr)
+    assert second.below_line == pytest.approx(140 * DT)
+    summary = summarize_recoveries([first, second])
+    assert summary["n"] == 2 and summary["caught"] == 0.5
+    assert summary["time_to_stay"] == pytest.approx(60 * DT)   # over the recoveries where it happened
+    assert summary["below_line"] == pytest.approx(140 * DT)
+
+
+def test_recoveries_need_the_trajectory(pendubot_plant):
+    result = constructed([(10, UP, "policy")], windows=[])
+    result.trajectory = None
+    with pytest.raises(ValueError, match="keep_trajectory"):
+        disturbance_recoveries(result, pendubot_plant)
+
+
+@pytest.mark.timeout(120)
+def test_recoveries_account_for_every_second_below_the_line(repo, pendubot_config, pendubot_plant):
+    """Below the line before the first window + every recovery's below_line = 60 s - uptime, exactly."""
+    policy = load_policy(repo / "policies" / "pendubot.npz", robot="pendubot", torque_limit=6.0)
+    result = evaluate_seed(build_controller(pendubot_config, policy), pendubot_config, seed=3)
+    recoveries = disturbance_recoveries(result, pendubot_plant)
+    assert len(recoveries) == 15
+    first_window = int(round(result.windows[0][0] / DT))
+    heights = pendubot_plant.end_effector_height(result.trajectory.x[:first_window])
+    before = np.sum(heights <= pendubot_plant.height_threshold) * DT
+    assert before + sum(r.below_line for r in recoveries) == pytest.approx(60.0 - result.uptime, abs=1e-9)
+    assert all(r.caught for r in recoveries)           # the shipped pendubot policy catches after every one
+    assert 0.0 < summarize_recoveries(recoveries)["time_to_line"] < 2.0
