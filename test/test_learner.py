@@ -299,6 +299,53 @@ def test_roa_term_is_the_supervisors_lqr_cost_to_go(tmp_path):
         CostSettings(roa_weight=1.0)
 
 
+def test_catch_model_weights_each_state_by_the_chance_the_lqr_has_not_caught_yet(tmp_path):
+    """cost.catch_level: J = sum_t E[s_t c(x_t)], s_t = prod_{k<=t} (1 - h(x_k)), h = 1 / (1 + (V / V50)^k)."""
+    import numpy as np
+
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learning.cost import catch_probability, trajectory_cost
+    from mcpilco_core.plant import wrap_state
+
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'acrobot.yaml'}\ncost: {{catch_level: 6, catch_sharpness: 2}}\n")
+    settings = load_train_config(path).cost
+    supervisor = build_controller(load_train_config(path).robot)
+    assert settings.catch_v50 == pytest.approx(6 * supervisor.rho) and settings.roa_weight == 0.0
+    # the catch probability is the supervisor's own cost-to-go through the fitted curve: 1/2 at V50
+    rng = np.random.default_rng(1)
+    states = rng.normal(0, 1, (20, 3, 4)) * [0.1, 0.1, 0.5, 0.5] + [3 * math.pi, 2 * math.pi, 0, 0]
+    value = supervisor.design.cost_to_go(wrap_state(states.reshape(-1, 4))).reshape(20, 3)
+    h = 1 / (1 + (value / settings.catch_v50) ** 2)
+    got = catch_probability(torch.as_tensor(states), settings).numpy()
+    assert np.allclose(got, h, rtol=1e-9)
+    # the trajectory cost by hand: survival-weighted saturated costs, mean over particles, sum over time
+    expected = (saturated_cost(torch.as_tensor(states), settings).numpy() * np.cumprod(1 - h, axis=0)).mean(-1).sum()
+    assert float(trajectory_cost(torch.as_tensor(states), settings)) == pytest.approx(expected, rel=1e-9)
+    # a particle at the goal is caught at once: it costs nothing afterwards, wherever the model takes it
+    caught = torch.tensor([[[math.pi, 0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0, 0.0]]],
+                          dtype=torch.float64)
+    assert float(trajectory_cost(caught, settings)) == 0.0
+    plain = CostSettings()
+    assert float(trajectory_cost(caught, plain)) == pytest.approx(2 * (1 - math.exp(-(math.pi / 3) ** 2)))
+    # gradients flow through the catch model: moving towards the basin lowers the cost of the states after it
+    near = torch.tensor([[[math.pi + 0.05, 0.02, 0.3, -0.2]], [[2.0, 0.5, 1.0, 1.0]]], dtype=torch.float64,
+                        requires_grad=True)
+    trajectory_cost(near, settings).backward()
+    assert torch.isfinite(near.grad).all() and float(near.grad[0, 0, 2]) > 0.0   # less speed at step 0: lower J
+    # bad values: named errors
+    path.write_text(f"robot_config: {CONFIG / 'acrobot.yaml'}\ncost: {{catch_level: -1}}\n")
+    with pytest.raises(ConfigError, match="cost.catch_level"):
+        load_train_config(path)
+    path.write_text(f"robot_config: {CONFIG / 'acrobot_policy_only.yaml'}\ncost: {{catch_level: 6}}\n")
+    with pytest.raises(ConfigError, match="cost.catch_level.*never takes over"):
+        load_train_config(path)
+    with pytest.raises(ValueError, match="roa_metric"):
+        CostSettings(catch_v50=1.0)
+    with pytest.raises(ValueError, match="catch_sharpness"):
+        CostSettings(catch_v50=1.0, roa_metric=((1.0,),), catch_sharpness=0.0)
+
+
 def test_velocity_term_makes_passing_the_top_fast_costly(tmp_path):
     settings = CostSettings(velocity_lengthscales=(12.0, 6.0))
     at_rest_on_top = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)

@@ -23,6 +23,19 @@ the saturated LQR still catches some of the time (measured: 40 % at V = 2-4, 4 %
 
 The seed's broad distance (l = 3 rad) barely distinguishes "near the top and slow enough to be caught" from
 "near the top and too fast"; V measures exactly that, in the directions the LQR finds hard.
+
+Optionally (``catch_v50`` > 0) the rollout models the catch itself: the particles are simulated with the policy
+alone, but on the robot the supervisor's LQR takes over near the top and, when it catches, the cost is 0 from then
+on. Each step a particle is caught with probability h(x) = 1 / (1 + (V(x) / V50)^k) -- the saturated LQR's
+measured catch rate from cost-to-go V (docs/learner.md: acrobot 91 / 73 / 40 / 16 % at V/rho = 1-2.4 / 2.4-4.8 /
+4.8-9.6 / 9.6-19, i.e. V50 = 6 rho, k = 2) -- and each state's cost is weighted by the probability that the
+particle has not been caught yet, s_t = prod_{k <= t} (1 - h(x_k)):
+
+    J = sum_t E[ s_t c(x_t) ]
+
+Unlike the additive ``roa_weight`` term (which rewards touching the basin for one step, after which the policy,
+which cannot balance there, lets the particle fall through and pays for it), this rewards *arriving* where the
+LQR catches, as the supervisor on the robot does: a caught particle costs nothing for the rest of the horizon.
 """
 
 from __future__ import annotations
@@ -43,12 +56,20 @@ class CostSettings:
     roa_weight: float = 0.0
     roa_metric: tuple[tuple[float, ...], ...] | None = None   # S (4x4) of the LQR design, V = e^T S e
     roa_rho: float = 1.0                                        # s * rho: the ROA level times roa_scale
+    catch_v50: float = 0.0            # V at which the LQR catches half of the time (0: no catch model)
+    catch_sharpness: float = 2.0      # k of the catch probability 1 / (1 + (V / V50)^k)
 
     def __post_init__(self) -> None:
         if self.roa_weight < 0:
             raise ValueError("roa_weight must be >= 0")
         if self.roa_weight > 0 and self.roa_metric is None:
             raise ValueError("roa_weight > 0 needs roa_metric (the LQR's S)")
+        if not (self.catch_v50 >= 0 and math.isfinite(self.catch_v50)):
+            raise ValueError("catch_v50 must be >= 0 and finite")
+        if self.catch_v50 > 0 and self.roa_metric is None:
+            raise ValueError("catch_v50 > 0 needs roa_metric (the LQR's S)")
+        if not self.catch_sharpness > 0:
+            raise ValueError("catch_sharpness must be > 0")
         if not self.roa_rho > 0:
             raise ValueError("roa_rho must be > 0")
 
@@ -73,14 +94,28 @@ def saturated_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor
     return cost
 
 
-def roa_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
-    """1 - exp(-V(x) / (s rho)) for states (..., 4) (with s = 1: below 1 - 1/e exactly where the LQR takes over)."""
+def lqr_cost_to_go(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
+    """V(x) = e^T S e of the wrapped error from the upright, states (..., 4) -> (...)."""
     metric = torch.as_tensor(settings.roa_metric, dtype=states.dtype, device=states.device)
     error = torch.stack([wrap(states[..., 0] - math.pi), wrap(states[..., 1]), states[..., 2], states[..., 3]], -1)
-    value = ((error @ metric) * error).sum(-1)
-    return 1.0 - torch.exp(-value / settings.roa_rho)
+    return ((error @ metric) * error).sum(-1)
+
+
+def roa_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
+    """1 - exp(-V(x) / (s rho)) for states (..., 4) (with s = 1: below 1 - 1/e exactly where the LQR takes over)."""
+    return 1.0 - torch.exp(-lqr_cost_to_go(states, settings) / settings.roa_rho)
+
+
+def catch_probability(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
+    """h(x) = 1 / (1 + (V(x) / V50)^k): the chance that the supervisor's LQR catches from x (module docstring)."""
+    ratio = lqr_cost_to_go(states, settings) / settings.catch_v50
+    return 1.0 / (1.0 + ratio.clamp_min(0.0) ** settings.catch_sharpness)
 
 
 def trajectory_cost(trajectory: torch.Tensor, settings: CostSettings) -> torch.Tensor:
-    """Monte-Carlo estimate of J = sum_t E[c(x_t)] for particle states (T + 1, P, 4)."""
-    return saturated_cost(trajectory, settings).mean(-1).sum()
+    """Monte-Carlo estimate of J = sum_t E[c(x_t)] for particle states (T + 1, P, 4); with the catch model,
+    J = sum_t E[s_t c(x_t)], s_t the probability that the particle has not been caught up to step t."""
+    cost = saturated_cost(trajectory, settings)
+    if settings.catch_v50 > 0:
+        cost = cost * torch.cumprod(1.0 - catch_probability(trajectory, settings), dim=0)
+    return cost.mean(-1).sum()

@@ -287,20 +287,28 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
 
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
-    r.reject_unknown(["lengthscales", "velocity_lengthscales", "roa_weight", "roa_scale"])
+    r.reject_unknown(["lengthscales", "velocity_lengthscales", "roa_weight", "roa_scale", "catch_level",
+                      "catch_sharpness"])
     velocity = r.vector("velocity_lengthscales", 2, positive=True) if r.has("velocity_lengthscales") else None
     weight = r.number("roa_weight", 0.0, nonnegative=True)
     scale = r.number("roa_scale", 1.0, positive=True)
-    metric, rho = None, 1.0
-    if weight > 0:   # the supervisor's own LQR design and ROA level (cached estimate beside the robot config)
+    catch_level = r.number("catch_level", 0.0, nonnegative=True)      # V50 in units of the LQR's ROA level rho
+    metric, rho, v50 = None, 1.0, 0.0
+    if (weight > 0 or catch_level > 0) and robot.roa.enter_fraction <= 0:
+        raise ConfigError(r.source, r.name("roa_weight" if weight > 0 else "catch_level"),
+                          "rewards the LQR's region, but the robot config's LQR never takes over "
+                          "(roa.enter_fraction: 0)")
+    if weight > 0 or catch_level > 0:   # the supervisor's own LQR design and ROA level (cached beside its config)
         from ..control import build_controller
 
         supervisor = build_controller(robot)
         rho = supervisor.rho * robot.roa.enter_fraction * scale
+        v50 = supervisor.rho * catch_level
         metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
     return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
-                        roa_rho=float(rho))  # type: ignore[arg-type]
+                        roa_rho=float(rho), catch_v50=float(v50),
+                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True))  # type: ignore[arg-type]
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
