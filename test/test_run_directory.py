@@ -185,3 +185,25 @@ def test_resume_with_a_changed_robot_config_says_what_changed(run_copy, tmp_path
         train(load_train_config(config, robot_config=robot), run, resume=True)
     assert "u_max" not in str(error.value)
     assert json.loads((run / "run.json").read_text())["robot_fingerprint"]      # untouched
+
+
+def test_a_seed_from_the_command_line_is_kept_in_the_run_and_resume_needs_it(tmp_path, capsys):
+    """``mcpilco train --seed N``: the run's train_config.yaml and run.json hold N (self-describing); a --resume
+    with another seed is refused naming both, one with the same seed continues."""
+    config = _fast_config(tmp_path / "config")                   # seed 3 in the file
+    out = tmp_path / "run"
+    args = ["train", "--robot", "pendubot", "--config", str(config), "--out", str(out), "--trials", "1"]
+    assert cli.main(args + ["--seed", "7"]) == 0
+    copied = yaml.safe_load((out / "train_config.yaml").read_text())
+    assert copied["seed"] == 7 and "seed 7 from the command line" in (out / "train_config.yaml").read_text()
+    assert json.loads((out / "run.json").read_text())["config"]["seed"] == 7
+    capsys.readouterr()
+    assert cli.main(args + ["--resume", "--trials", "2"]) == 2          # the file's seed 3, not the run's 7
+    assert "made with training seed 7, now 3" in capsys.readouterr().err
+    assert cli.main(args + ["--resume", "--trials", "2", "--seed", "7"]) == 0
+    assert (out / "trials" / "trial_001").is_dir()
+    assert cli.main(args + ["--seed", "-1", "--out", str(tmp_path / "other")]) == 2
+    # the same file without --seed: copied as it is
+    assert cli.main(["train", "--robot", "pendubot", "--config", str(config), "--out", str(tmp_path / "plain"),
+                     "--trials", "1"]) == 0
+    assert (tmp_path / "plain" / "train_config.yaml").read_text() == config.read_text()

@@ -21,6 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/pendubot_seed0")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--trials", type=int, help="override the number of trials of the config")
+    p.add_argument("--seed", type=int, help="override the training seed of the config (every random draw of the run "
+                                            "derives from it: three seeds of one recipe say how reliable it is)")
     p.add_argument("--robot-profile", help="the simulated robot the trials run on (config/robot_profiles.yaml: "
                                             "nominal, hardware_proxy, perturbed:SEED, or a file); default: the "
                                             "training config's robot_profile")
@@ -43,6 +45,11 @@ def _run_train(args: argparse.Namespace) -> int:
     config = load_train_config(args.config, args.robot, robot_profile=args.robot_profile)
     if args.trials is not None:
         config = replace(config, trials=args.trials)
+    if args.seed is not None:
+        if args.seed < 0:
+            print(f"error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
+            return 2
+        config = replace(config, seed=args.seed)
     try:
         records = train(config, args.out, resume=args.resume)
     except RunError as exc:

@@ -80,6 +80,10 @@ class RunDirectory:
                 raise RunError(f"{self.root} was made with another configuration "
                                f"(hash {meta.get('config_hash')}, now {digest}"
                                + (f"; changed: {changes}" if changes else "") + ")")
+            made_with = (meta.get("config") or {}).get("seed", config.seed)
+            if made_with != config.seed:
+                raise RunError(f"{self.root} was made with training seed {made_with}, now {config.seed}: resume it "
+                               f"with --seed {made_with} or start a new run")
             before = {"robot config": meta.get("robot_fingerprint"),
                       "robot profile": (meta.get("config") or {}).get("robot_profile", "nominal")}
             now = {"robot config": config.robot.fingerprint(), "robot profile": config.robot_profile}
@@ -98,7 +102,7 @@ class RunDirectory:
             raise RunError(f"{self.root} is not empty and holds no run.json, so it is not a run directory "
                            f"(it holds {shown}); nothing was written: choose a new or empty --out")
         self.trials_dir.mkdir(parents=True, exist_ok=True)
-        self._copy_train_config(Path(config.source))
+        self._copy_train_config(Path(config.source), config.seed)
         if config.robot.source:
             shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
             self._copy_plant_models(Path(config.robot.source))
@@ -120,14 +124,21 @@ class RunDirectory:
             return ""
         return _differences(_plain(asdict(before)), _plain(asdict(config.robot)), skip=("source",))
 
-    def _copy_train_config(self, source: Path) -> None:
-        """The training file as given, or with a ``base`` the resolved settings (the run stays self-describing)."""
+    def _copy_train_config(self, source: Path, seed: int) -> None:
+        """The training file as given, or with a ``base`` or another ``seed`` (``mcpilco train --seed``) the
+        resolved settings (the run stays self-describing)."""
         target = self.root / "train_config.yaml"
-        if "base" not in (read_yaml(source) or {}):
+        mapping = read_yaml(source) or {}
+        if "base" not in mapping and mapping.get("seed", 0) == seed:
             shutil.copyfile(source, target)
             return
-        header = f"# resolved from {source} (its base merged in)\n"
-        target.write_text(header + yaml.safe_dump(read_train_mapping(source), sort_keys=False), encoding="utf-8")
+        resolved = read_train_mapping(source)
+        notes = ["its base merged in"] if "base" in mapping else []
+        if resolved.get("seed", 0) != seed:
+            resolved["seed"] = seed
+            notes.append(f"seed {seed} from the command line")
+        header = f"# resolved from {source} ({'; '.join(notes)})\n"
+        target.write_text(header + yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
 
     def _copy_plant_models(self, robot_source: Path) -> None:
         """Copy the plant-models file a robot config names by a relative path beside the copied config, so
