@@ -28,6 +28,18 @@ def register(subparsers) -> None:
                                             "training config's robot_profile")
     p.set_defaults(func=_run_train)
 
+    p = subparsers.add_parser("select", help="rank a run's trial policies on its newest model (no robot time)",
+                              description="Roll every trial's policy out on the run's newest GP model from the "
+                                          "post-disturbance starts the run collected (same particles, same noise) "
+                                          "and rank them by the model's cost: choosing the policy to ship without "
+                                          "running the robot. Writes RUN/selection.json.")
+    p.add_argument("run", type=Path, help="run directory (mcpilco train --out)")
+    p.add_argument("--particles", type=int, default=600)
+    p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
+    p.add_argument("--export", type=Path, default=None, help="copy the selected trial's policy here")
+    p.set_defaults(func=_run_select)
+
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
     p.add_argument("policy", type=Path, help="policy file (.npz of this package, or a run's policy.npz)")
     p.add_argument("--realaigym", type=Path, required=True, help="output: RealAIGym MC-PILCO pickle (.np)")
@@ -56,6 +68,31 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{len(records)} trials in {args.out}; newest policy: {args.out / 'policy.npz'}")
+    return 0
+
+
+def _run_select(args: argparse.Namespace) -> int:
+    import shutil
+
+    from .runs import RunError
+    from .selection import select_policy, write_selection
+
+    if args.particles < 1 or (args.horizon is not None and not args.horizon > 0):
+        print("error: --particles must be >= 1 and --horizon > 0", file=sys.stderr)
+        return 2
+    try:
+        selection = select_policy(args.run, args.particles, args.horizon, args.seed)
+    except (RunError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.run}: model of trial {selection.model_trial}, {selection.particles} particles from the run's "
+          f"post-disturbance states, {selection.horizon:g} s (no robot time)")
+    for k, value in selection.costs.items():
+        print(f"  trial {k:3d}  model cost {value:8.3f}{'  <- selected' if k == selection.best else ''}")
+    write_selection(selection, args.run / "selection.json")
+    if args.export is not None:
+        shutil.copyfile(Path(selection.run) / "trials" / f"trial_{selection.best:03d}" / "policy.npz", args.export)
+        print(f"selected trial {selection.best}: {args.export}")
     return 0
 
 

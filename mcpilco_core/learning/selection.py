@@ -1,0 +1,92 @@
+"""Choosing a run's policy without the robot: every trial's policy rolled out on the run's newest model.
+
+Picking the trial to ship by scoring each trial's policy on the robot costs robot time (10 protocol runs of 60 s
+per trial would be 10 minutes each); shipping the last trial wastes the run when it relapsed. The run's newest
+model (fitted on every trial but the last) already knows the robot: roll every trial's policy out on it from the
+same particles -- the post-disturbance starts the run collected, or the trial's own start distribution -- with the
+same noise, and rank the policies by the particle estimate of J (the plain saturated cost of the training config,
+without the catch model or the ROA term, so that the ranking does not depend on what was being optimised).
+No robot time: nothing here runs the robot.
+
+    mcpilco select runs/NAME            # table of every trial's model cost, writes runs/NAME/selection.json
+    mcpilco select runs/NAME --export runs/NAME/selected_policy.npz
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cost import CostSettings, trajectory_cost
+from .model import DynamicsModel, particle_noise, rollout
+from .runs import RunDirectory
+from .torch_policy import TorchPolicy
+
+
+@dataclass
+class Selection:
+    """Model costs of every trial's policy (trial index -> J, dimensionless) and the trial with the lowest."""
+
+    run: str
+    model_trial: int
+    particles: int
+    horizon: float
+    seed: int
+    costs: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def best(self) -> int:
+        return min(self.costs, key=lambda k: (self.costs[k], -k))   # ties: the later trial
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "model_trial": self.model_trial, "particles": self.particles,
+                "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": 0.0,
+                "costs": {str(k): v for k, v in self.costs.items()}, "selected_trial": self.best}
+
+
+def start_states(run: RunDirectory, trials: list[int], particles: int, generator: torch.Generator) -> torch.Tensor:
+    """Particles (P, 4): drawn from the post-disturbance states every trial of the run collected."""
+    pools = [np.load(path) for k in trials if (path := run.trial_path(k) / "disturbance_states.npy").exists()]
+    pool = np.concatenate([p for p in pools if len(p)]) if any(len(p) for p in pools) else np.zeros((0, 4))
+    if not len(pool):
+        raise ValueError(f"{run.root} holds no post-disturbance states to start the particles from "
+                         "(initial_state.disturbance_fraction was 0)")
+    picks = torch.randint(0, len(pool), (particles,), generator=generator)
+    return torch.as_tensor(pool[picks.numpy()], dtype=torch.float64)
+
+
+def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
+                  seed: int = 0) -> Selection:
+    """Model cost of every trial's policy on the run's newest model (see the module docstring)."""
+    run = RunDirectory(root)
+    config = run.load_config()
+    trials = run.completed_trials()
+    candidates = [k for k in trials if (run.trial_path(k) / "policy.npz").exists()]
+    if not candidates:
+        raise ValueError(f"{run.root} holds no trial with a policy")
+    newest = run.load_trial(trials[-1], config.robot.robot)
+    if newest.model_arrays is None:
+        raise ValueError(f"{run.root}: its last trial holds no model")
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(newest.model_arrays, "cpu", torch.float64)
+    horizon = config.horizon if horizon is None else horizon
+    steps = int(round(horizon / config.robot.policy_period))
+    generator = torch.Generator().manual_seed(seed)
+    x0 = start_states(run, trials, particles, generator)
+    noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
+    cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
+    selection = Selection(str(run.root), trials[-1], particles, horizon, seed)
+    for k in candidates:
+        policy = TorchPolicy.from_numpy(run.load_trial(k, config.robot.robot).policy, dtype=torch.float64)
+        with torch.no_grad():
+            states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
+        selection.costs[k] = float(trajectory_cost(states, cost))
+    return selection
+
+
+def write_selection(selection: Selection, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(selection.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,84 @@
+"""``mcpilco select``: ranking a run's trial policies on its newest model, without the robot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mcpilco_core.learning import learner
+from mcpilco_core.learning.learner import load_train_config
+from mcpilco_core.learning.runs import train
+from mcpilco_core.learning.selection import select_policy
+from mcpilco_core.policy import load_policy, save_policy
+from mcpilco_core.simulation import SimulatedRobot
+from mcpilco_ros import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A finished 4-trial run whose particles start from post-disturbance states from trial 1 on."""
+    root = tmp_path_factory.mktemp("selection")
+    data = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
+    data.update(robot_config=str(REPO / "config" / "pendubot.yaml"), horizon=0.3, particles=8, trial_duration=0.4,
+                trials=4, exploration={"duration": 0.6, "amplitude": 3.0},
+                gp={"fit_steps": 3, "fit_points": 30, "max_points": 20},
+                optimizer={"max_steps_first": 3, "max_steps": 3, "patience": 3, "smoothing": 0.9},
+                policy={"num_basis": 5},
+                initial_state={"k_m": 5, "K": 10, "disturbance_fraction": 0.5, "disturbance_from_trial": 1,
+                               "disturbance_seeds": [1000], "pool_seeds_per_trial": 1})
+    (root / "train.yaml").write_text(yaml.safe_dump(data))
+    train(load_train_config(root / "train.yaml"), root / "run")
+    return root / "run"
+
+
+def test_every_trial_policy_is_ranked_on_the_newest_model_without_the_robot(run, tmp_path, monkeypatch):
+    def no_robot(*args, **kwargs):
+        raise AssertionError("selection ran the robot")
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    monkeypatch.setattr(SimulatedRobot, "step", no_robot)
+    first = select_policy(run, particles=50, seed=3)
+    assert sorted(first.costs) == [1, 2, 3] and first.model_trial == 3      # trial 0 explores: no policy
+    assert all(np.isfinite(v) and v > 0 for v in first.costs.values())
+    assert first.best == min(first.costs, key=first.costs.get)
+    assert select_policy(run, particles=50, seed=3).costs == first.costs       # same particles, same noise
+    # the same policy file in two trials costs exactly the same; a worse one (no torque at all) costs more
+    spoiled = tmp_path / "run"
+    shutil.copytree(run, spoiled)
+    shutil.copyfile(spoiled / "trials/trial_001/policy.npz", spoiled / "trials/trial_002/policy.npz")
+    best = load_policy(run / "trials" / f"trial_{first.best:03d}" / "policy.npz")
+    limp = dataclasses.replace(best, weights=np.zeros_like(best.weights))
+    save_policy(limp, spoiled / "trials/trial_003/policy.npz")
+    second = select_policy(spoiled, particles=50, seed=3)
+    assert second.costs[2] == second.costs[1] == first.costs[1]
+    assert second.costs[3] != first.costs[3]
+
+
+def test_cli_select_writes_the_table_and_exports_the_chosen_policy(run, tmp_path, capsys):
+    out = tmp_path / "chosen.npz"
+    assert cli.main(["select", str(run), "--particles", "40", "--export", str(out)]) == 0
+    report = json.loads((run / "selection.json").read_text())
+    chosen = report["selected_trial"]
+    assert report["robot_time_s"] == 0.0 and set(report["costs"]) == {"1", "2", "3"}
+    assert out.read_bytes() == (run / "trials" / f"trial_{chosen:03d}" / "policy.npz").read_bytes()
+    assert "<- selected" in capsys.readouterr().out
+    assert cli.main(["select", str(run), "--particles", "0"]) == 2
+
+
+def test_a_run_without_post_disturbance_states_is_refused_clearly(run, tmp_path, capsys):
+    bare = tmp_path / "run"
+    shutil.copytree(run, bare)
+    for path in bare.glob("trials/*/disturbance_states.npy"):
+        np.save(path, np.zeros((0, 4)))             # a run whose particles all started in the box
+    assert cli.main(["select", str(bare)]) == 2
+    assert "no post-disturbance states" in capsys.readouterr().err
