@@ -17,6 +17,7 @@ from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
 from mcpilco_core import recording
+from mcpilco_core.config import load_robot_config
 from mcpilco_core.recording.transitions import transitions_from_trajectory
 
 TS = get_typestore(Stores.ROS2_JAZZY)
@@ -380,6 +381,24 @@ def test_a_lockstep_driver_republishing_its_first_state_is_no_fault(tmp_path, pe
     changed[1, 0] += 0.1          # same stamp, other values: not a repeat, and the next one no longer repeats it
     odd = recording.load_trial(_bag_with(tmp_path / "odd", changed, applied[rep], stamps[rep]), pendubot_config)
     assert "2 joint_states sample(s) stamped out of order" in " ".join(odd.notes)
+
+
+def test_friction_compensation_torque_on_the_passive_joint_keeps_the_data(tmp_path, pendubot_config, repo):
+    """With the opt-in compensation the passive joint's motor cancels its friction (up to 0.19 N m for the
+    pendubot's elbow): those intervals are the robot's dynamics and stay in the model's data; without the opt-in
+    the same torque is not the robot's own dynamics and is dropped (a session once learnt from 46 of 900
+    transitions that way). Beyond the compensation's limit an interval is dropped either way."""
+    compensated = load_robot_config(repo / "config" / "pendubot_friction_compensation.yaml")
+    x, applied, _, _ = simple_trial(501)
+    applied[1:, 1] = 0.12 * np.arctan(100 * 0.5)           # elbow compensation at 0.5 rad/s: 0.18 N m
+    applied[300:321, 1] = 0.6                                 # above the 0.5 N m limit for 40 ms from t = 0.6 s
+    bag = _bag_with(tmp_path / "bag", x, applied, T0 + np.arange(501) * DT_NS)
+    with_opt_in = recording.load_trial(bag, compensated)
+    dropped = set(np.flatnonzero(~with_opt_in.valid))
+    assert {30, 31} <= dropped <= {29, 30, 31, 32} and len(with_opt_in.valid) == 25 * 2
+    np.testing.assert_allclose(with_opt_in.u[:29, 1], 0.12 * np.arctan(50.0))      # the model sees it
+    without = recording.load_trial(bag, pendubot_config)
+    assert not without.valid.any()
 
 
 def test_a_bag_without_usable_states_is_skipped_with_the_reason(tmp_path, pendubot_config):

@@ -389,7 +389,7 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
     x = np.column_stack([np.interp(grid, t, col) for col in (*raw.q.T, *raw.dq.T)])
     u, source, torque_valid = _interval_torque(raw, t, grid, config)
     valid = _gap_free(t, grid, settings.max_gap, clean.hole) & torque_valid
-    valid &= np.abs(u[:, config.passive_joint]) <= settings.passive_tolerance
+    valid &= np.abs(u[:, config.passive_joint]) <= passive_tolerance(config, settings)
     mode = _interval_modes(raw, grid)
     outside = _outside_windows(t, grid, clean.reset)
     valid &= outside
@@ -537,6 +537,14 @@ def _check_actuation(trial: TrialData, config: RobotConfig) -> None:
         other = JOINT_NAMES[config.passive_joint]
         raise TrialError(f"{trial.source}: the torque is applied on the {other}, which is passive on the "
                          f"{config.robot}: recorded on the other robot?")
+
+
+def passive_tolerance(config: RobotConfig, settings: ResampleSettings) -> float:
+    """N m of applied passive-joint torque above which an interval is not the robot's own dynamics: the
+    settings' tolerance, or with the opt-in friction compensation its limit (that torque only cancels the joint's
+    friction and is part of the dynamics the model learns; the reset PID's torques stay out by their windows)."""
+    compensation = config.friction_compensation
+    return max(settings.passive_tolerance, compensation.limit) if compensation.enabled else settings.passive_tolerance
 
 
 def load_sessions(paths: Iterable[str | Path], config: RobotConfig,
