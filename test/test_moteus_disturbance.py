@@ -112,6 +112,7 @@ def test_a_fault_in_the_window_stops_both_motors_and_ends_it(started_rig):
     wait_for(lambda: windows[-1]["outcome"].startswith("aborted: fault"))
     assert "motor_driver_fault" in windows[-1]["outcome"] and windows[-1]["cycles"] < 100
     wait_for(lambda: rig.motor(0).mode == 0 and rig.motor(1).mode == 0)
+    wait_for(lambda: any(s.decision.stop for s in list(rig.samples)))   # reported after the cycle's commands went out
     samples = list(rig.samples)
     first_stop = next(i for i, s in enumerate(samples) if s.decision.stop)
     assert all(s.disturbance is None and s.decision.stop for s in samples[first_stop:])
