@@ -1,7 +1,9 @@
 """Random exploration torques (MC-PILCO's trial 0), without torch: the controller node runs this on the robot.
 
-The numpy generator of trial k comes from ``SeedSequence([seed, k])`` (:func:`trial_rng`), the same stream the
-learner uses for that trial, so a simulated and a real exploration run with the same seed draw the same torques.
+The numpy generator of trial k comes from ``SeedSequence([seed, k])`` (:func:`trial_rng`), so the controller node's
+exploration on the simulated robot and on the real one draw the same torques for the same seed. The offline
+learner's trial 0 (``Learner.exploration_trial``) draws its start state from that stream first, so its torques are
+another sequence of the same distribution: an offline run and a session with the same seed do not explore alike.
 """
 
 from __future__ import annotations
