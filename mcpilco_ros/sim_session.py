@@ -542,6 +542,7 @@ class SimSession:
         robot_time = self.robot_time()
         result = {"robot": self.cfg.robot.robot, "train_config": str(self.cfg.source), "trials": rows,
                   "robot_profile": self.profile.label, "disturbance_from": self.disturbance_from,
+                  "friction_compensation": self.cfg.robot.friction_compensation.enabled,
                   "robot_time_s": robot_time["total"], "robot_time_breakdown_s": robot_time,
                   "evaluation_time_s": sum(r.eval_time_s for r in self.rows),
                   "final_policy": final.policy, "final_policy_version": final.policy_version,

@@ -66,6 +66,7 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
     assert all(0.0 < row["cost"] < 1.0 for row in result["trials"])
     assert (out / "learning_curve.png").stat().st_size > 10_000
     assert json.loads((out / "session.json").read_text())["final_score"] == result["final_score"]
+    assert result["friction_compensation"] is False          # the opt-in is reported in session.json too
 
 
 def node_processes_of(out: Path) -> list[int]:
