@@ -28,13 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from .config import RobotConfig, load_robot_config
-from .plant import DoublePendulum
+from .plant import DoublePendulum, wrap_angle
 from .simulation import (
     MODE_CODES,
     MODE_NAMES,
     RobotProfile,
     Trajectory,
     drive,
+    intervals_above_line,
     load_robot_profile,
     score_trajectory,  # noqa: F401 - re-exported: the score lives with the simulated robot
     uptime,
@@ -351,7 +352,7 @@ class Recovery:
     seed: int
     index: int
     handover_time: float
-    handover_state: tuple[float, float, float, float]   # true state (rad, rad/s), angles wrapped to (-pi, pi]
+    handover_state: tuple[float, float, float, float]   # true state (rad, rad/s), angles wrapped to [-pi, pi)
     length: float
     time_to_line: float
     time_to_stay: float
@@ -380,7 +381,7 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> l
     if traj is None:
         raise ValueError("disturbance_recoveries needs the trajectory (evaluate_seed(..., keep_trajectory=True))")
     dt = traj.dt
-    above = plant.end_effector_height(traj.x[:-1]) > plant.height_threshold
+    above = intervals_above_line(traj.x, plant)
     lqr = traj.mode == MODE_CODES["lqr"]
     n = len(traj.mode)
     bounds = [(int(round(a / dt)), int(round(b / dt))) for a, b in result.windows]
@@ -390,9 +391,9 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> l
         up, balanced = above[end:stop], lqr[end:stop]
         first = np.flatnonzero(up)
         x0 = traj.x[end]
-        wrapped = (float(np.angle(np.exp(1j * x0[0]))), float(np.angle(np.exp(1j * x0[1]))))
         out.append(Recovery(
-            seed=result.seed, index=i, handover_time=end * dt, handover_state=(*wrapped, float(x0[2]), float(x0[3])),
+            seed=result.seed, index=i, handover_time=end * dt,
+            handover_state=(float(wrap_angle(x0[0])), float(wrap_angle(x0[1])), float(x0[2]), float(x0[3])),
             length=(stop - end) * dt, time_to_line=first[0] * dt if first.size else float("nan"),
             time_to_stay=_first_from_then_on(up, dt), time_to_lqr=_first_from_then_on(balanced, dt),
             below_line=float(np.sum(~above[start:stop])) * dt))

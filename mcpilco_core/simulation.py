@@ -115,10 +115,14 @@ class Trajectory:
         return float(self.t[1] - self.t[0])
 
 
+def intervals_above_line(x: np.ndarray, plant: DoublePendulum) -> np.ndarray:
+    """(N,) for states (N+1, 4): whether each interval counts for the score (its first state strictly above)."""
+    return plant.end_effector_height(x[:-1]) > plant.height_threshold
+
+
 def uptime(t: np.ndarray, x: np.ndarray, plant: DoublePendulum) -> float:
     """Seconds during which the end effector is strictly above the line (interval start counts)."""
-    above = plant.end_effector_height(x[:-1]) > plant.height_threshold
-    return float(np.sum(np.diff(t)[above]))
+    return float(np.sum(np.diff(t)[intervals_above_line(x, plant)]))
 
 
 def score_trajectory(t: np.ndarray, x: np.ndarray, plant: DoublePendulum, duration: float | None = None) -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..policy import load_policy
 from .cost import CostSettings, trajectory_cost
 from .model import DynamicsModel, particle_noise, rollout
 from .runs import RunDirectory
@@ -80,8 +81,9 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
     cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
     selection = Selection(str(run.root), trials[-1], particles, horizon, seed)
-    for k in candidates:
-        policy = TorchPolicy.from_numpy(run.load_trial(k, config.robot.robot).policy, dtype=torch.float64)
+    for k in candidates:   # only the policy file: the trial's data and model are not needed
+        policy_file = load_policy(run.trial_path(k) / "policy.npz", robot=config.robot.robot)
+        policy = TorchPolicy.from_numpy(policy_file, dtype=torch.float64)
         with torch.no_grad():
             states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
         selection.costs[k] = float(trajectory_cost(states, cost))
