@@ -4,10 +4,12 @@ plant) on a robot profile, from states at given levels of the LQR cost-to-go V (
     python benchmarks/bench_balance.py --profiles nominal hardware_proxy --levels 0.5 1 4 --samples 200
     python benchmarks/bench_balance.py --design-sweep --samples 200      # can another LQR design catch on model_1.0?
     python benchmarks/bench_balance.py --robust-search                   # can any linear state feedback?
+    python benchmarks/bench_balance.py --robots pendubot --dither-sweep   # the LQR plus a shake of the actuated joint
 
 A start is *caught* when, after ``--horizon`` s on the simulated robot (with its sensors and motors), the state is
 within 0.2 rad (q1) / 0.3 rad (q2) of upright. Rows with
-``compensation`` use the robot config's opt-in passive-joint friction compensation (model_1.0's friction).
+``compensation`` use the robot config's opt-in passive-joint friction compensation (model_1.0's friction); rows
+``dither`` use config/<robot>_dither.yaml (the LQR plus the balance dither, no torque on the passive joint).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpilco_core.config import FrictionCompensationConfig, load_plant_parameters, load_robot_config  # noqa: E402
+from mcpilco_core.config import (  # noqa: E402
+    BalanceDitherConfig,
+    FrictionCompensationConfig,
+    load_plant_parameters,
+    load_robot_config,
+)
 from mcpilco_core.control import build_controller, design_lqr  # noqa: E402
 from mcpilco_core.control.roa import sample_sublevel_states, simulate_lqr  # noqa: E402
 from mcpilco_core.plant import DoublePendulum, wrap_state  # noqa: E402
@@ -64,6 +71,34 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
                 err = wrap_state(xf) - design.goal
                 ok = np.isfinite(err).all(axis=1) & (np.abs(err[:, 0]) < 0.2) & (np.abs(err[:, 1]) < 0.3)
                 print(f"| {robot} | {c} | {q_scale} | {r_scale} | {ok.mean():.2f} |", flush=True)
+
+
+def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int) -> None:
+    """The robot config's LQR (always in charge) plus a shake of amplitude A (N m) at f (Hz), sine or square, on
+    the hardware proxy: catch rate per start level, best mean first."""
+    print("| robot | amplitude (N m) | frequency (Hz) | shape | " + " | ".join(f"V = {v} rho" for v in levels)
+          + " | mean |")
+    print("|---|---|---|---|" + "---|" * (len(levels) + 1))
+    for robot in robots:
+        config = load_robot_config(CONFIG / f"{robot}.yaml")
+        always = dataclasses.replace(config.roa, enter_fraction=100.0, exit_fraction=100.0)
+        supervisor = build_controller(config)
+        rng = np.random.default_rng(seed)
+        starts = {v: sample_sublevel_states(supervisor.design, np.full(samples, v * supervisor.rho), rng)
+                  for v in levels}
+        rows = []
+        for amplitude in (0.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+            for frequency in (3.0, 5.0, 8.0):
+                for shape in ("sine", "square"):
+                    if amplitude == 0.0 and (frequency, shape) != (5.0, "sine"):
+                        continue
+                    cfg = dataclasses.replace(config, roa=always,
+                                              dither=BalanceDitherConfig(amplitude, frequency, shape))
+                    rates = [caught_fraction(cfg, "hardware_proxy", starts[v], horizon) for v in levels]
+                    rows.append((float(np.mean(rates)), amplitude, frequency, shape, rates))
+        for mean, amplitude, frequency, shape, rates in sorted(rows, key=lambda row: -row[0]):
+            print(f"| {robot} | {amplitude:g} | {frequency:g} | {shape} | " + " | ".join(f"{r:.2f}" for r in rates)
+                  + f" | {mean:.2f} |", flush=True)
 
 
 def robust_search(robots: list[str], restarts: int, seed: int) -> None:
@@ -115,7 +150,11 @@ def main() -> int:
     parser.add_argument("--design-sweep", action="store_true", help="other LQR designs on model_1.0 (see above)")
     parser.add_argument("--robust-search", action="store_true", help="search one linear feedback for both regimes")
     parser.add_argument("--restarts", type=int, default=30, help="random restarts of --robust-search")
+    parser.add_argument("--dither-sweep", action="store_true", help="the LQR plus a shake of the actuated joint")
     args = parser.parse_args()
+    if args.dither_sweep:
+        dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed)
+        return 0
     if args.robust_search:
         robust_search(args.robots, args.restarts, args.seed)
         return 0
@@ -123,7 +162,7 @@ def main() -> int:
         design_sweep(args.robots, args.samples, args.horizon, args.seed)
         return 0
     friction = load_plant_parameters(CONFIG / "plant_models.yaml", "model_1.0")
-    print("| robot | profile | compensation | " + " | ".join(f"V = {v} rho" for v in args.levels) + " |")
+    print("| robot | profile | compensation / dither | " + " | ".join(f"V = {v} rho" for v in args.levels) + " |")
     print("|---|---|---|" + "---|" * len(args.levels))
     for robot in args.robots:
         config = load_robot_config(CONFIG / f"{robot}.yaml")
@@ -134,9 +173,10 @@ def main() -> int:
         rng = np.random.default_rng(args.seed)
         starts = {v: sample_sublevel_states(supervisor.design, np.full(args.samples, v * supervisor.rho), rng)
                   for v in args.levels}
+        dithered = load_robot_config(CONFIG / f"{robot}_dither.yaml")
         for profile in args.profiles:
-            for label, cfg in (("off", config), ("on", compensated)):
-                if label == "on" and profile == "nominal":
+            for label, cfg in (("off", config), ("on", compensated), ("dither", dithered)):
+                if label != "off" and profile == "nominal":
                     continue
                 rates = [caught_fraction(cfg, profile, starts[v], args.horizon) for v in args.levels]
                 print(f"| {robot} | {profile} | {label} | " + " | ".join(f"{r:.2f}" for r in rates) + " |",

@@ -441,6 +441,34 @@ class DampingConfig:
     gain: float = setting("N m s/rad, damping gain", 0.5, low=0.0, high=1e3)
 
 
+TORQUE_LIMIT_MAX = 50.0  # N m: no motor of the RealAIGym double pendulum comes near this
+
+
+@dataclass(frozen=True)
+class BalanceDitherConfig:
+    """A periodic torque added on the actuated joint while the LQR balances (off by default).
+
+    Why: Coulomb friction on the passive joint makes it stick near the top, and a stuck joint needs feedback of
+    the opposite sign to a sliding one, so no linear balancing controller holds both (docs/learner.md, "Balance
+    on the proxy"). Shaking the actuated joint keeps the passive one sliding -- with no torque on the passive
+    joint. The shake's phase starts when the LQR takes over; the sum is clipped to the torque limit. Units: N m, Hz.
+    """
+
+    amplitude: float = setting("N m, amplitude of the shake added to the LQR's torque (0: off)", 0.0, low=0.0,
+                               high=TORQUE_LIMIT_MAX)
+    frequency: float = setting("Hz, frequency of the shake", 5.0, positive=True, high=250.0)
+    shape: str = setting("waveform of the shake: sine | square", "sine", choices=("sine", "square"))
+
+    def torque(self, elapsed: float) -> float:
+        """The shake (N m) ``elapsed`` s after the LQR took over; 0 when off."""
+        if self.amplitude <= 0.0:
+            return 0.0
+        phase = math.sin(2.0 * math.pi * self.frequency * elapsed)
+        if self.shape == "square":
+            return self.amplitude if phase >= 0.0 else -self.amplitude
+        return self.amplitude * phase
+
+
 PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
 
 
@@ -490,7 +518,6 @@ def robot_setting() -> Any:
                    choices=ROBOTS)
 
 
-TORQUE_LIMIT_MAX = 50.0  # N m: no motor of the RealAIGym double pendulum comes near this
 
 
 @dataclass(frozen=True)
@@ -511,6 +538,7 @@ class RobotConfig(RobotJoints):
     roa: RoaConfig = section(RoaConfig)
     damping: DampingConfig = section(DampingConfig)
     friction_compensation: FrictionCompensationConfig = section(FrictionCompensationConfig)
+    dither: BalanceDitherConfig = section(BalanceDitherConfig)
     source: str | None = None
 
     @property
@@ -529,6 +557,8 @@ class RobotConfig(RobotJoints):
         data.pop("source", None)
         if not self.friction_compensation.enabled:      # off: the same controller as before the option existed
             data.pop("friction_compensation")
+        if self.dither.amplitude <= 0.0:                # off: likewise
+            data.pop("dither")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -582,10 +612,14 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                            f"{values['torque_limit']}")
     if values["policy_period"] < values["control_period"]:
         raise ConfigError(source, "policy_period", "must not be shorter than control_period")
+    dither = _section(reader, "dither", BalanceDitherConfig)
+    if dither.amplitude > values["torque_limit"]:
+        raise ConfigError(source, "dither.amplitude", f"{dither.amplitude} N m exceeds torque_limit "
+                                                      f"{values['torque_limit']} N m")
     return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=_roa_config(reader.sub("roa")),
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
-                       source=str(source) if source is not None else None, **values)
+                       dither=dither, source=str(source) if source is not None else None, **values)
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

@@ -185,3 +185,38 @@ def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_per
     with pytest.raises(NonFiniteParticlesError, match="in a row"):
         opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 50, gen,
                                    progress=False)
+
+
+def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_run(tmp_path):
+    """``policy.initial`` (relative to the training file, kept through ``base``): the first optimisation starts
+    from that policy, not a random one, and the run keeps a copy so it reloads on its own."""
+    from mcpilco_core.config import ConfigError
+    from mcpilco_core.learning.torch_policy import TorchPolicy
+
+    (tmp_path / "sub").mkdir()
+    start = tmp_path / "sub" / "start.npz"
+    start.write_bytes((REPO / "policies" / "pendubot.npz").read_bytes())
+    tiny = tmp_path / "sub" / "tiny.yaml"
+    tiny.write_text(f"base: {TINY}\npolicy: {{initial: start.npz}}\noptimizer: {{max_steps_first: 1}}\n")
+    derived = tmp_path / "derived.yaml"                                   # inherits the path from its base
+    derived.write_text("base: sub/tiny.yaml\ntrials: 2\n")
+    config = load_train_config(derived, "pendubot")
+    assert config.initial_policy == str(start.resolve())
+    learner = Learner(config)
+    learner.exploration_trial()
+    policy, _, _, _, _ = learner.fit_and_optimize(1, "trial 1")
+    given = TorchPolicy.from_numpy(load_policy(start, robot="pendubot"), config.torch_dtype)
+    moved = float((learner.policy.weights.detach() - given.weights.detach()).abs().max())
+    assert 0.0 < moved < 0.1                                               # one small step away from it
+    records = train(replace(config, trials=2), tmp_path / "run")
+    assert (tmp_path / "run" / "initial_policy.npz").read_bytes() == start.read_bytes()
+    assert RunDirectory(tmp_path / "run").load_config().initial_policy == str(tmp_path / "run" / "initial_policy.npz")
+    assert len(records) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {TINY}\npolicy: {{initial: nowhere.npz}}\n")
+    with pytest.raises(ConfigError, match="policy.initial"):
+        load_train_config(bad, "pendubot")
+    acro = tmp_path / "acro.yaml"
+    acro.write_text(f"base: {TINY}\npolicy: {{initial: {REPO / 'policies' / 'acrobot.npz'}}}\n")
+    with pytest.raises(ConfigError, match="policy.initial"):
+        load_train_config(acro, "pendubot")

@@ -5,7 +5,9 @@ Priority, evaluated at every state (500 Hz):
 1. ``safe``    - the state (or time) is not finite, or has the wrong shape: zero torque.
 2. ``damping`` - max |dq| rose above ``damping.enter_speed`` and has not yet fallen below ``exit_speed``:
                  u = -gain * dq on the actuated joint (removes energy the PID or a bad swing put in).
-3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho.
+3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho;
+                 plus the robot config's opt-in balance ``dither`` (a shake on the actuated joint, phase from
+                 the moment the LQR took over) that keeps a passive joint with Coulomb friction sliding.
 4. ``policy``  - the swing-up policy, evaluated at its own period and held in between (zero-order hold).
 5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
 
@@ -71,6 +73,7 @@ class Supervisor:
         self._in_lqr = False
         self._held_u = 0.0
         self._next_policy_time = -math.inf
+        self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
@@ -104,9 +107,11 @@ class Supervisor:
         cost = float(err @ self.design.S @ err)
         self.last_cost_to_go = cost
         if self._update_lqr(cost):
+            if self._mode != "lqr":
+                self._lqr_since = t
             self._mode = "lqr"
             self._next_policy_time = -math.inf
-            return -float(self._k_row @ err)
+            return -float(self._k_row @ err) + self.config.dither.torque(t - self._lqr_since)
         if self._policy is None:
             self._mode = "idle"
             return 0.0

@@ -42,7 +42,9 @@ class GPSettings:
     prior: how the physics prior mean integrates the forward dynamics over one policy period Ts: ``euler``
     (``Ts * M^-1(q)(B u - n)``, the seed paper) or ``rk4`` (one Runge-Kutta-4 step of the same dynamics with
     the torque held: at 15-20 rad/s the Euler prior is off by up to 4-8 rad/s per 20 ms step, which the GP
-    cannot learn from sparse fast data; RK4 leaves a residual of < 0.3 rad/s there).
+    cannot learn from sparse fast data; RK4 leaves a residual of < 0.3 rad/s there). identify: before each fit,
+    the prior's viscous and Coulomb friction and rotor inertia are fitted to the data by least squares
+    (identification.py; for a robot that is not the prior).
     """
 
     fit_steps: int = 1500
@@ -53,6 +55,7 @@ class GPSettings:
     noise_floor: float = 1e-8
     warm_start: bool = True
     prior: str = "euler"
+    identify: bool = False     # fit the prior's friction and rotor inertia to the data before each GP fit
 
 
 def _inv_softplus(value: np.ndarray) -> np.ndarray:

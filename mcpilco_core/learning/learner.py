@@ -37,6 +37,7 @@ from ..config import (
     read_yaml,
 )
 from ..control.exploration import ExplorationController, trial_rng
+from ..policy import PolicyError, load_policy
 from ..recording.transitions import TransitionData, transitions_from_trajectory
 from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
@@ -96,6 +97,7 @@ class TrainConfig:
     center_dq_range: float = 2 * math.pi
     u_max: float | None = None                    # N m, policy output bound (None: the robot config's u_max)
     initial_lengthscales: tuple[float, ...] = (1.0,) * 6   # of phi = (dq1, dq2, cos q1, cos q2, sin q1, sin q2)
+    initial_policy: str | None = None             # policy file the first optimisation starts from (None: random)
     gp: GPSettings = field(default_factory=GPSettings)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     cost: CostSettings = field(default_factory=CostSettings)
@@ -172,6 +174,11 @@ def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     merged = read_train_mapping(base_path, _chain + (path.resolve(),))
     if "robot_config" in merged and "robot_config" not in data:
         merged["robot_config"] = os.path.relpath(base_path.parent / merged["robot_config"], path.parent)
+    inherited = merged.get("policy", {}).get("initial") if isinstance(merged.get("policy"), dict) else None
+    own = data.get("policy", {}) if isinstance(data.get("policy"), dict) else {}
+    if inherited and "initial" not in own and not Path(str(inherited)).is_absolute():   # relative to its own file
+        merged["policy"] = {**merged["policy"],
+                            "initial": os.path.relpath(base_path.parent / str(inherited), path.parent)}
     return _merge(merged, data)
 
 
@@ -207,7 +214,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     ex = r.sub("exploration")
     ex.reject_unknown(["duration", "amplitude"])
     pol = r.sub("policy")
-    pol.reject_unknown(["num_basis", "center_dq_range", "u_max", "initial_lengthscales"])
+    pol.reject_unknown(["num_basis", "center_dq_range", "u_max", "initial_lengthscales", "initial"])
     ev = r.sub("evaluation")
     ev.reject_unknown(["seeds"])
     config = TrainConfig(
@@ -227,6 +234,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         center_dq_range=pol.number("center_dq_range", d.center_dq_range, positive=True),
         u_max=pol.number("u_max", robot_cfg.u_max, positive=True),
         initial_lengthscales=pol.vector("initial_lengthscales", 6, d.initial_lengthscales, positive=True),
+        initial_policy=_initial_policy(pol, path, robot_cfg),
         gp=_gp_settings(r.sub("gp")), optimizer=_optimizer_settings(r.sub("optimizer")),
         cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
@@ -244,6 +252,21 @@ def load_train_config(path: str | Path, robot: str | None = None,
     if config.horizon_steps < 1:
         raise ConfigError(path, "horizon", "shorter than one policy period")
     return config
+
+
+def _initial_policy(pol: ConfigReader, path: Path, robot_cfg: RobotConfig) -> str | None:
+    """``policy.initial``: a policy file (relative to the training file) the first optimisation starts from, e.g.
+    one optimised on the prior model alone (no robot time); checked now (robot, torque limit)."""
+    name = pol.raw("initial", None)
+    if name is None or name == "":
+        return None
+    file = Path(str(name))
+    file = file if file.is_absolute() else path.parent / file
+    try:
+        load_policy(file, robot=robot_cfg.robot, torque_limit=robot_cfg.torque_limit)
+    except (OSError, PolicyError, ValueError) as exc:
+        raise ConfigError(path, pol.name("initial"), f"cannot use {file}: {exc}") from exc
+    return str(file.resolve())
 
 
 def _robot_profile(r: ConfigReader, path: Path, override: str | None) -> str:
@@ -283,7 +306,8 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
                       sod_threshold=r.number("sod_threshold", d.sod_threshold, nonnegative=True),
                       noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
                       warm_start=r.boolean("warm_start", d.warm_start),
-                      prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS))
+                      prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS),
+                      identify=r.boolean("identify", d.identify))
 
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
@@ -516,7 +540,10 @@ class TrialRecord:
                 "skipped_optimization_steps": opt.skipped_steps if opt else 0,
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
-                "robot_cost": self.robot_cost, "robot_time_s": self.robot_time}
+                "robot_cost": self.robot_cost, "robot_time_s": self.robot_time,
+                "prior_plant_b_cf_Ir": (np.asarray(self.model_arrays["prior_plant_b_cf_Ir"]).tolist()
+                                        if self.model_arrays is not None and "prior_plant_b_cf_Ir" in self.model_arrays
+                                        else None)}
 
 
 class Learner:
@@ -588,6 +615,9 @@ class Learner:
         self.model.fit(self.data, rng, cfg.device, cfg.torch_dtype)
         self.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
         timings["model_fit"] = time.perf_counter() - start
+        if self.policy is None and cfg.initial_policy:
+            initial = load_policy(cfg.initial_policy, robot=cfg.robot.robot, torque_limit=cfg.robot.torque_limit)
+            self.policy = TorchPolicy.from_numpy(initial, cfg.torch_dtype).to(cfg.device)
         if self.policy is None:
             self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, gen, cfg.center_dq_range,
                                              cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)

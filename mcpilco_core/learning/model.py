@@ -13,12 +13,12 @@ phi followed by u, so one sin/cos per step serves the policy, the GP and the pri
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from ..config import RobotConfig
+from ..config import PlantParameters, RobotConfig
 from ..plant import DoublePendulum
 from ..recording.transitions import TransitionData
 from .fused import PriorConstants, fused_rollout
@@ -30,6 +30,7 @@ from .gp import (
     fit_hyperparameters,
     select_subset,
 )
+from .identification import identify_plant, parameters_of, with_parameters
 
 
 class NonFiniteParticlesError(FloatingPointError):
@@ -52,10 +53,16 @@ class DynamicsModel:
     rollout_mode: str = "fused"
 
     def __post_init__(self) -> None:
-        self.plant = DoublePendulum(self.config.plant)
         self.period = float(self.config.policy_period)
         self.actuated = int(self.config.actuated_joint)
-        p = self.config.plant
+        self.base_plant = self.config.plant      # the user's prior; gp.identify refits friction and Ir from here
+        self.set_prior_plant(self.config.plant)
+
+    def set_prior_plant(self, plant: PlantParameters) -> None:
+        """Use ``plant`` as the physics prior (the GPs must be refitted: they learnt the old prior's residual)."""
+        self.config = replace(self.config, plant=plant)
+        self.plant = DoublePendulum(plant)
+        p = plant
         (m1, m2), (l1, _), (r1, r2), (i1, i2) = p.m, p.l, p.r, p.I
         self._constants = {"a": i1 + i2 + m2 * l1 * l1 + p.gr * p.gr * p.Ir + p.Ir, "h": m2 * l1 * r2,
                            "m12": i2 - p.gr * p.Ir, "m22": i2 + p.gr * p.gr * p.Ir,
@@ -135,7 +142,10 @@ class DynamicsModel:
     # ------------------------------------------------------------------ fitting
     def fit(self, data: TransitionData, rng: np.random.Generator, device: str = "cpu",
             dtype: torch.dtype = torch.float32) -> None:
-        """Fit hyperparameters (warm start if enabled), choose the SoD subsets, cache the posterior."""
+        """Fit hyperparameters (warm start if enabled), choose the SoD subsets, cache the posterior; with
+        ``gp.identify`` the prior's friction and rotor inertia are first fitted to ``data`` (identification.py)."""
+        if self.settings.identify:
+            self.set_prior_plant(identify_plant(self.base_plant, data, self.period, self.actuated, rng=rng))
         inputs, targets = self.residual_targets(data)
         if self.hyper is None or not self.settings.warm_start:
             self.hyper = GPHyperparameters.initial(inputs, targets, self.settings.noise_floor)
@@ -158,6 +168,7 @@ class DynamicsModel:
             arrays[f"subset_targets_{j}"] = self._targets[idx, j]
         arrays["fit_history"] = np.asarray(self.fit_history)
         arrays["prior"] = np.asarray(self.settings.prior)     # the residual targets depend on it
+        arrays["prior_plant_b_cf_Ir"] = parameters_of(self.config.plant)   # and so on the (identified) prior plant
         return arrays
 
     def load_arrays(self, arrays: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
@@ -167,6 +178,8 @@ class DynamicsModel:
         if prior != self.settings.prior:
             raise ValueError(f"the saved model was fitted with the {prior!r} prior but the settings say "
                              f"gp.prior = {self.settings.prior!r}; use the run's own training config")
+        if "prior_plant_b_cf_Ir" in arrays:      # saved before gp.identify existed: the settings' own prior
+            self.set_prior_plant(with_parameters(self.base_plant, np.asarray(arrays["prior_plant_b_cf_Ir"])))
         self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
         n_out = self.hyper.raw_signal.shape[0]
         inputs = np.concatenate([arrays[f"subset_inputs_{j}"] for j in range(n_out)])

@@ -10,6 +10,7 @@ Layout of ``runs/NAME/``::
     trials/trial_KKK/        + policy.npz (own format), model.npz (GP hyperparameters and subsets),
                              optimization.npz (cost / lr / dropout per step), disturbance_states.npy
     policy.npz               the newest policy (copy of the last trial's)
+    initial_policy.npz       the policy the first optimisation started from (only with policy.initial)
     learning_curves.png      optimisation cost per step (all trials) and evaluation score per trial
 
 A trial directory is written under a temporary name and renamed when complete, so ``--resume`` restarts
@@ -40,6 +41,7 @@ from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_
 from .optimizer import OptimizationResult
 
 LOG = logging.getLogger("mcpilco.runs")
+INITIAL_POLICY = "initial_policy.npz"   # a copy of the training file's policy.initial, when it names one
 
 
 class RunError(RuntimeError):
@@ -102,7 +104,7 @@ class RunDirectory:
             raise RunError(f"{self.root} is not empty and holds no run.json, so it is not a run directory "
                            f"(it holds {shown}); nothing was written: choose a new or empty --out")
         self.trials_dir.mkdir(parents=True, exist_ok=True)
-        self._copy_train_config(Path(config.source), config.seed)
+        self._copy_train_config(Path(config.source), config.seed, config.initial_policy)
         if config.robot.source:
             shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
             self._copy_plant_models(Path(config.robot.source))
@@ -124,12 +126,13 @@ class RunDirectory:
             return ""
         return _differences(_plain(asdict(before)), _plain(asdict(config.robot)), skip=("source",))
 
-    def _copy_train_config(self, source: Path, seed: int) -> None:
-        """The training file as given, or with a ``base`` or another ``seed`` (``mcpilco train --seed``) the
-        resolved settings (the run stays self-describing)."""
+    def _copy_train_config(self, source: Path, seed: int, initial_policy: str | None = None) -> None:
+        """The training file as given, or with a ``base``, another ``seed`` (``mcpilco train --seed``) or an
+        initial policy (copied into the run as ``initial_policy.npz``) the resolved settings (the run stays
+        self-describing)."""
         target = self.root / "train_config.yaml"
         mapping = read_yaml(source) or {}
-        if "base" not in mapping and mapping.get("seed", 0) == seed:
+        if "base" not in mapping and mapping.get("seed", 0) == seed and not initial_policy:
             shutil.copyfile(source, target)
             return
         resolved = read_train_mapping(source)
@@ -137,6 +140,10 @@ class RunDirectory:
         if resolved.get("seed", 0) != seed:
             resolved["seed"] = seed
             notes.append(f"seed {seed} from the command line")
+        if initial_policy:
+            shutil.copyfile(initial_policy, self.root / INITIAL_POLICY)
+            resolved["policy"] = {**resolved.get("policy", {}), "initial": INITIAL_POLICY}
+            notes.append(f"policy.initial {initial_policy} copied into the run")
         header = f"# resolved from {source} ({'; '.join(notes)})\n"
         target.write_text(header + yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
 
@@ -361,5 +368,8 @@ def _describe(record: TrialRecord) -> str:
     parts.append(f"robot cost {record.robot_cost:.3f}, robot time {record.robot_time:.1f} s")
     if s["eval_score_mean"] is not None:
         parts.append(f"score {s['eval_score_mean']:.3f}")
+    if s.get("prior_plant_b_cf_Ir"):
+        b1, b2, cf1, cf2, ir = s["prior_plant_b_cf_Ir"]
+        parts.append(f"prior b ({b1:.4f}, {b2:.4f}) N m s/rad, cf ({cf1:.3f}, {cf2:.3f}) N m, Ir {ir:.2e} kg m^2")
     parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))
     return "; ".join(parts)
