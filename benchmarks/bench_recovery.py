@@ -4,7 +4,7 @@ the disturbance cost below the line; which hand-over states fail.
 
     python benchmarks/bench_recovery.py --robot pendubot --controller policies/pendubot.npz --seeds 0 1 2 3 4 \
         --plot docs/img/pendubot_recoveries.png
-    python benchmarks/bench_recovery.py --robot pendubot --config config/pendubot_policy_only.yaml \
+    python benchmarks/bench_recovery.py --robot pendubot --config config/pendubot_dither.yaml \
         --controller policies/pendubot_hardware_proxy.npz --robot-profile hardware_proxy
 
 Prints a summary table (markdown) and the slowest / failed recoveries with their hand-over states; ``--plot`` draws
