@@ -125,3 +125,29 @@ def test_retrain_refuses_a_run_or_session_directory_and_names_a_damaged_history(
     code = retrain_main(["retrain", "--sessions", str(session.root), "--out", str(tmp_path / "r"), "--config",
                          str(tiny_config)])
     assert code == 2 and "retrain.json: damaged" in capsys.readouterr().err
+
+
+def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_loads_on_its_own(
+        tmp_path, pendubot_config, tiny_config, capsys):
+    """``mcpilco select`` on a ``mcpilco session`` output (retrain/ + session/): every retrain's policy on the
+    newest model, no robot time; the retrain directory's copy of a training file with ``base`` loads on its own."""
+    from mcpilco_core.learning.learner import load_train_config
+    from mcpilco_core.learning.selection import select_policy
+    from mcpilco_ros import cli
+
+    derived = tmp_path / "derived.yaml"
+    derived.write_text(f"base: {tiny_config}\ninitial_state: {{disturbance_fraction: 0.5, disturbance_seeds: [1000]}}\n")
+    out = tmp_path / "out"
+    simulated_session(out / "session", pendubot_config)
+    args = ["retrain", "--sessions", str(out / "session"), "--out", str(out / "retrain"), "--config", str(derived)]
+    assert retrain_main(args) == 0 and retrain_main(args + ["--warm-start"]) == 0
+    copy = load_train_config(out / "retrain" / "train_config.yaml")
+    assert copy.initial_state.disturbance_fraction == 0.5 and copy.robot.robot == "pendubot"
+    selection = select_policy(out, particles=16, horizon=0.2)
+    assert sorted(selection.costs) == [1, 2] and selection.model_trial == 2
+    assert Path(selection.files[selection.best]).parent == out / "retrain" / "policies"
+    capsys.readouterr()
+    exported = tmp_path / "chosen.npz"
+    assert cli.main(["select", str(out), "--particles", "16", "--horizon", "0.2", "--export", str(exported)]) == 0
+    assert exported.read_bytes() == Path(selection.files[selection.best]).read_bytes()
+    assert json.loads((out / "selection.json").read_text())["selected_trial"] == selection.best

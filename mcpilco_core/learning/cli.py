@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..config import ROBOTS
+from ..config import ROBOTS, ConfigError
 
 
 def register(subparsers) -> None:
@@ -82,7 +82,7 @@ def _run_select(args: argparse.Namespace) -> int:
         return 2
     try:
         selection = select_policy(args.run, args.particles, args.horizon, args.seed)
-    except (RunError, ValueError, OSError) as exc:
+    except (RunError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.run}: model of trial {selection.model_trial}, {selection.particles} particles from the run's "
@@ -91,7 +91,7 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"  trial {k:3d}  model cost {value:8.3f}{'  <- selected' if k == selection.best else ''}")
     write_selection(selection, args.run / "selection.json")
     if args.export is not None:
-        shutil.copyfile(Path(selection.run) / "trials" / f"trial_{selection.best:03d}" / "policy.npz", args.export)
+        shutil.copyfile(selection.files[selection.best], args.export)
         print(f"selected trial {selection.best}: {args.export}")
     return 0
 

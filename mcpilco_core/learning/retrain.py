@@ -65,6 +65,22 @@ class RetrainResult:
 # The run directory
 
 
+def resolved_train_config(config) -> str:
+    """The training file of ``config`` as YAML that loads on its own: its ``base`` merged in, ``robot_config`` and
+    ``policy.initial`` as absolute paths (a verbatim copy of a file with ``base:`` would not load from here)."""
+    import yaml
+
+    from .learner import read_train_mapping
+
+    source = Path(config.source)
+    mapping = read_train_mapping(source)
+    robot = config.robot.source or source.parent / str(mapping.get("robot_config", ""))
+    mapping["robot_config"] = str(Path(robot).resolve())
+    if config.initial_policy:
+        mapping["policy"] = {**mapping.get("policy", {}), "initial": config.initial_policy}
+    return f"# resolved from {source}\n" + yaml.safe_dump(mapping, sort_keys=False)
+
+
 class RetrainDirectory:
     """``runs/NAME`` of offline / between-trial retraining (see the module docstring)."""
 
@@ -104,7 +120,7 @@ class RetrainDirectory:
         self.models.mkdir(parents=True, exist_ok=True)
         copy = self.root / "train_config.yaml"
         if not copy.exists():
-            copy.write_bytes(Path(config.source).read_bytes())
+            copy.write_text(resolved_train_config(config), encoding="utf-8")
 
     def append(self, robot: str, result: RetrainResult, extra: dict) -> None:
         history = self.history() + [{**result.to_dict(), **extra}]

@@ -38,6 +38,7 @@ class Selection:
     horizon: float
     seed: int
     costs: dict[int, float] = field(default_factory=dict)
+    files: dict[int, str] = field(default_factory=dict)     # trial index -> its policy file
 
     @property
     def best(self) -> int:
@@ -46,7 +47,8 @@ class Selection:
     def to_dict(self) -> dict:
         return {"run": self.run, "model_trial": self.model_trial, "particles": self.particles,
                 "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": 0.0,
-                "costs": {str(k): v for k, v in self.costs.items()}, "selected_trial": self.best}
+                "costs": {str(k): v for k, v in self.costs.items()}, "selected_trial": self.best,
+                "selected_policy": self.files.get(self.best, "")}
 
 
 def start_states(run: RunDirectory, trials: list[int], particles: int, generator: torch.Generator) -> torch.Tensor:
@@ -62,7 +64,10 @@ def start_states(run: RunDirectory, trials: list[int], particles: int, generator
 
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
                   seed: int = 0) -> Selection:
-    """Model cost of every trial's policy on the run's newest model (see the module docstring)."""
+    """Model cost of every trial's policy on the run's newest model (see the module docstring); ``root`` may
+    also be the output of ``mcpilco session`` (:func:`select_session_policy`)."""
+    if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
+        return select_session_policy(root, particles, horizon, seed)
     run = RunDirectory(root)
     config = run.load_config()
     trials = run.completed_trials()
@@ -79,14 +84,57 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     generator = torch.Generator().manual_seed(seed)
     x0 = start_states(run, trials, particles, generator)
     noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
-    cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
     selection = Selection(str(run.root), trials[-1], particles, horizon, seed)
-    for k in candidates:   # only the policy file: the trial's data and model are not needed
-        policy_file = load_policy(run.trial_path(k) / "policy.npz", robot=config.robot.robot)
-        policy = TorchPolicy.from_numpy(policy_file, dtype=torch.float64)
+    files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
+    selection.costs = _model_costs(model, files, config, x0, noise, steps)
+    selection.files = {k: str(path) for k, path in files.items()}
+    return selection
+
+
+def _model_costs(model: DynamicsModel, files: dict[int, Path], config, x0: torch.Tensor, noise: torch.Tensor,
+                 steps: int) -> dict[int, float]:
+    """The plain saturated cost of each policy file rolled out on ``model`` from the same particles and noise."""
+    cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
+    costs = {}
+    for k, path in files.items():
+        policy = TorchPolicy.from_numpy(load_policy(path, robot=config.robot.robot), dtype=torch.float64)
         with torch.no_grad():
             states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
-        selection.costs[k] = float(trajectory_cost(states, cost))
+        costs[k] = float(trajectory_cost(states, cost))
+    return costs
+
+
+def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
+                          seed: int = 0) -> Selection:
+    """The same for a ``mcpilco session`` output (``retrain/`` policies and models, ``session/`` bags): every
+    retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the post-disturbance
+    states the session's windows handed over plus those the learner simulates on its prior model (no robot time)."""
+    from ..recording import load_sessions
+    from .learner import Learner, load_train_config
+
+    root = Path(root)
+    config = load_train_config(root / "retrain" / "train_config.yaml")
+    models = sorted((root / "retrain" / "models").glob("model_*.npz"))
+    policies = sorted((root / "retrain" / "policies").glob("policy_*.npz"))
+    if not models or not policies:
+        raise ValueError(f"{root}/retrain holds no model or no policy yet")
+    model = DynamicsModel(config.model_robot, config.gp)
+    with np.load(models[-1]) as arrays:
+        model.load_arrays({k: arrays[k] for k in arrays.files}, "cpu", torch.float64)
+    pool = np.concatenate([Learner(config).build_initial_pool(),
+                           load_sessions([root / "session"], config.robot).handed_over_states()])
+    if not len(pool):
+        raise ValueError(f"{root} holds no post-disturbance states to start the particles from")
+    horizon = config.horizon if horizon is None else horizon
+    steps = int(round(horizon / config.robot.policy_period))
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(pool), (particles,), generator=generator)
+    x0 = torch.as_tensor(pool[picks.numpy()], dtype=torch.float64)
+    noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
+    files = {int(path.name.split("_")[1]) + 1: path for path in policies}
+    selection = Selection(str(root), len(models), particles, horizon, seed)
+    selection.costs = _model_costs(model, files, config, x0, noise, steps)
+    selection.files = {k: str(path) for k, path in files.items()}
     return selection
 
 
