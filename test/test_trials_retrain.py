@@ -136,7 +136,8 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     from mcpilco_ros import cli
 
     derived = tmp_path / "derived.yaml"
-    derived.write_text(f"base: {tiny_config}\ninitial_state: {{disturbance_fraction: 0.5, disturbance_seeds: [1000]}}\n")
+    derived.write_text(f"base: {tiny_config}\n"
+                       "initial_state: {disturbance_fraction: 0.5, disturbance_seeds: [1000]}\n")
     out = tmp_path / "out"
     simulated_session(out / "session", pendubot_config)
     args = ["retrain", "--sessions", str(out / "session"), "--out", str(out / "retrain"), "--config", str(derived)]
