@@ -51,3 +51,20 @@ def test_ros_lockstep_run_equals_the_evaluator_array_by_array(tmp_path):
                                    f"evaluate {b[mismatch[0]]}"
     np.testing.assert_array_equal(ros["windows"], np.asarray(reference.windows))
     assert float(ros["score"]) == reference.score
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_balance_dither(tmp_path):
+    """The same with config/pendubot_dither.yaml: the shake's phase (from the LQR's take-over) is the same in
+    the controller node as in the evaluator, step for step."""
+    config_file = REPO / "config" / "pendubot_dither.yaml"
+    config = load_robot_config(config_file)
+    policy_file = REPO / "policies" / "pendubot_hardware_proxy.npz"
+    result = run_demo("pendubot", seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
+                      duration=DURATION)
+    assert result["lockstep_timeouts"] == 0
+    ros = np.load(result["trajectory"])
+    policy = load_policy(policy_file, robot="pendubot", torque_limit=config.torque_limit)
+    ref = evaluate_seed(build_controller(config, policy), config, SEED, DURATION, keep_trajectory=True).trajectory
+    assert np.sum(ref.mode == MODE_CODES["lqr"]) >= 100 and config.dither.amplitude > 0
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)

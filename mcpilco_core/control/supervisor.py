@@ -111,7 +111,7 @@ class Supervisor:
                 self._lqr_since = t
             self._mode = "lqr"
             self._next_policy_time = -math.inf
-            return -float(self._k_row @ err) + self.config.dither.torque(t - self._lqr_since)
+            return -float(self._k_row @ err) + self._dither(t)
         if self._policy is None:
             self._mode = "idle"
             return 0.0
@@ -124,6 +124,12 @@ class Supervisor:
             self._next_policy_time = grid_next if grid_next > t else t + period
         self._mode = "policy"
         return self._held_u
+
+    def _dither(self, t: float) -> float:
+        """The balance dither at time ``t``, its phase counted in whole control periods since the LQR took over (the
+        same number whatever float rounding the time base has: over ROS and in the evaluator alike)."""
+        period = self.config.control_period
+        return self.config.dither.torque(round((t - self._lqr_since) / period) * period)
 
     def _update_damping(self, x: np.ndarray) -> bool:
         settings = self.config.damping
