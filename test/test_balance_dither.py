@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from test_friction_compensation import robot_file as config_with
 
 from mcpilco_core.config import ConfigError, load_robot_config
 from mcpilco_core.control import build_controller
@@ -21,16 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def robot_file(tmp_path: Path, robot: str = "pendubot", **dither) -> Path:
-    data = yaml.safe_load((REPO / "config" / f"{robot}.yaml").read_text())
-    params = data["/**"]["ros__parameters"]
-    params["plant_models_file"] = str(REPO / "config" / "plant_models.yaml")
-    if dither:
-        params["dither"] = dither
-    path = tmp_path / f"{robot}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    cache = REPO / "config" / f"{robot}.roa.json"            # rho does not depend on the dither
-    (tmp_path / cache.name).write_bytes(cache.read_bytes())
-    return path
+    return config_with(tmp_path, robot, "dither", **dither)
 
 
 def test_off_by_default_and_the_fingerprint_is_unchanged(tmp_path):

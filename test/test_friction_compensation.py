@@ -17,15 +17,16 @@ from mcpilco_core.evaluation import evaluate_seed
 REPO = Path(__file__).resolve().parent.parent
 
 
-def robot_file(tmp_path: Path, robot: str = "pendubot", **compensation) -> Path:
+def robot_file(tmp_path: Path, robot: str = "pendubot", section: str = "friction_compensation", **values) -> Path:
+    """The shipped robot config with ``section`` set to ``values`` (none: as shipped), written to ``tmp_path``."""
     data = yaml.safe_load((REPO / "config" / f"{robot}.yaml").read_text())
     params = data["/**"]["ros__parameters"]
     params["plant_models_file"] = str(REPO / "config" / "plant_models.yaml")
-    if compensation:
-        params["friction_compensation"] = compensation
+    if values:
+        params[section] = values
     path = tmp_path / f"{robot}.yaml"
     path.write_text(yaml.safe_dump(data))
-    for cache in (REPO / "config").glob(f"{robot}.roa.json"):   # rho does not depend on the compensation
+    for cache in (REPO / "config").glob(f"{robot}.roa.json"):   # rho depends on neither the compensation nor the dither
         (tmp_path / cache.name).write_bytes(cache.read_bytes())
     return path
 
