@@ -73,9 +73,10 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
                 print(f"| {robot} | {c} | {q_scale} | {r_scale} | {ok.mean():.2f} |", flush=True)
 
 
-def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int) -> None:
+def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int,
+                 profile: str = "hardware_proxy") -> None:
     """The robot config's LQR (always in charge) plus a shake of amplitude A (N m) at f (Hz), sine or square, on
-    the hardware proxy: catch rate per start level, best mean first."""
+    the robot ``profile``: catch rate per start level, best mean first."""
     print("| robot | amplitude (N m) | frequency (Hz) | shape | " + " | ".join(f"V = {v} rho" for v in levels)
           + " | mean |")
     print("|---|---|---|---|" + "---|" * (len(levels) + 1))
@@ -94,7 +95,7 @@ def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: 
                         continue
                     cfg = dataclasses.replace(config, roa=always,
                                               dither=BalanceDitherConfig(amplitude, frequency, shape))
-                    rates = [caught_fraction(cfg, "hardware_proxy", starts[v], horizon) for v in levels]
+                    rates = [caught_fraction(cfg, profile, starts[v], horizon) for v in levels]
                     rows.append((float(np.mean(rates)), amplitude, frequency, shape, rates))
         for mean, amplitude, frequency, shape, rates in sorted(rows, key=lambda row: -row[0]):
             print(f"| {robot} | {amplitude:g} | {frequency:g} | {shape} | " + " | ".join(f"{r:.2f}" for r in rates)
@@ -151,9 +152,11 @@ def main() -> int:
     parser.add_argument("--robust-search", action="store_true", help="search one linear feedback for both regimes")
     parser.add_argument("--restarts", type=int, default=30, help="random restarts of --robust-search")
     parser.add_argument("--dither-sweep", action="store_true", help="the LQR plus a shake of the actuated joint")
+    parser.add_argument("--profile", default="hardware_proxy", help="robot profile of --dither-sweep (a name or a "
+                                                                    "file, e.g. config/design_robots/*.yaml)")
     args = parser.parse_args()
     if args.dither_sweep:
-        dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed)
+        dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed, args.profile)
         return 0
     if args.robust_search:
         robust_search(args.robots, args.restarts, args.seed)

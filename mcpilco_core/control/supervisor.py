@@ -128,8 +128,11 @@ class Supervisor:
     def _dither(self, t: float) -> float:
         """The balance dither at time ``t``, its phase counted in whole control periods since the LQR took over (the
         same number whatever float rounding the time base has: over ROS and in the evaluator alike)."""
+        dither = self.config.dither
+        if dither.amplitude <= 0.0:           # off (the default): nothing on the 500 Hz path
+            return 0.0
         period = self.config.control_period
-        return self.config.dither.torque(round((t - self._lqr_since) / period) * period)
+        return dither.torque(round((t - self._lqr_since) / period) * period)
 
     def _update_damping(self, x: np.ndarray) -> bool:
         settings = self.config.damping

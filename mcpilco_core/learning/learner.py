@@ -182,6 +182,21 @@ def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     return _merge(merged, data)
 
 
+def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
+    """The training file of ``config`` with its ``base`` merged in, the config's own seed (``--seed``) and its
+    initial policy as an absolute path, and notes on what differs from the file as written."""
+    source = Path(config.source)
+    written = read_yaml(source) or {}
+    mapping = read_train_mapping(source)
+    notes = ["its base merged in"] if "base" in written else []
+    if mapping.get("seed", 0) != config.seed:
+        mapping["seed"] = config.seed
+        notes.append(f"seed {config.seed} from the command line")
+    if config.initial_policy:
+        mapping["policy"] = {**mapping.get("policy", {}), "initial": config.initial_policy}
+    return mapping, notes
+
+
 def _merge(base: dict, override: dict) -> dict:
     out = dict(base)
     for key, value in override.items():

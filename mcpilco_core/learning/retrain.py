@@ -70,15 +70,12 @@ def resolved_train_config(config) -> str:
     ``policy.initial`` as absolute paths (a verbatim copy of a file with ``base:`` would not load from here)."""
     import yaml
 
-    from .learner import read_train_mapping
+    from .learner import resolved_train_mapping
 
-    source = Path(config.source)
-    mapping = read_train_mapping(source)
-    robot = config.robot.source or source.parent / str(mapping.get("robot_config", ""))
+    mapping, _ = resolved_train_mapping(config)
+    robot = config.robot.source or Path(config.source).parent / str(mapping.get("robot_config", ""))
     mapping["robot_config"] = str(Path(robot).resolve())
-    if config.initial_policy:
-        mapping["policy"] = {**mapping.get("policy", {}), "initial": config.initial_policy}
-    return f"# resolved from {source}\n" + yaml.safe_dump(mapping, sort_keys=False)
+    return f"# resolved from {config.source}\n" + yaml.safe_dump(mapping, sort_keys=False)
 
 
 class RetrainDirectory:

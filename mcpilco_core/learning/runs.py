@@ -37,7 +37,7 @@ from .. import __version__
 from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
 from ..policy import load_policy, save_policy
 from ..simulation import Trajectory
-from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_train_mapping
+from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_train_mapping, resolved_train_mapping
 from .optimizer import OptimizationResult
 
 LOG = logging.getLogger("mcpilco.runs")
@@ -104,7 +104,7 @@ class RunDirectory:
             raise RunError(f"{self.root} is not empty and holds no run.json, so it is not a run directory "
                            f"(it holds {shown}); nothing was written: choose a new or empty --out")
         self.trials_dir.mkdir(parents=True, exist_ok=True)
-        self._copy_train_config(Path(config.source), config.seed, config.initial_policy)
+        self._copy_train_config(config)
         if config.robot.source:
             shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
             self._copy_plant_models(Path(config.robot.source))
@@ -126,26 +126,21 @@ class RunDirectory:
             return ""
         return _differences(_plain(asdict(before)), _plain(asdict(config.robot)), skip=("source",))
 
-    def _copy_train_config(self, source: Path, seed: int, initial_policy: str | None = None) -> None:
+    def _copy_train_config(self, config: TrainConfig) -> None:
         """The training file as given, or with a ``base``, another ``seed`` (``mcpilco train --seed``) or an
         initial policy (copied into the run as ``initial_policy.npz``) the resolved settings (the run stays
         self-describing)."""
         target = self.root / "train_config.yaml"
-        mapping = read_yaml(source) or {}
-        if "base" not in mapping and mapping.get("seed", 0) == seed and not initial_policy:
-            shutil.copyfile(source, target)
+        mapping, notes = resolved_train_mapping(config)
+        if not notes and not config.initial_policy:
+            shutil.copyfile(config.source, target)
             return
-        resolved = read_train_mapping(source)
-        notes = ["its base merged in"] if "base" in mapping else []
-        if resolved.get("seed", 0) != seed:
-            resolved["seed"] = seed
-            notes.append(f"seed {seed} from the command line")
-        if initial_policy:
-            shutil.copyfile(initial_policy, self.root / INITIAL_POLICY)
-            resolved["policy"] = {**resolved.get("policy", {}), "initial": INITIAL_POLICY}
-            notes.append(f"policy.initial {initial_policy} copied into the run")
-        header = f"# resolved from {source} ({'; '.join(notes)})\n"
-        target.write_text(header + yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+        if config.initial_policy:
+            shutil.copyfile(config.initial_policy, self.root / INITIAL_POLICY)
+            mapping["policy"]["initial"] = INITIAL_POLICY
+            notes.append(f"policy.initial {config.initial_policy} copied into the run")
+        header = f"# resolved from {config.source} ({'; '.join(notes)})\n"
+        target.write_text(header + yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8")
 
     def _copy_plant_models(self, robot_source: Path) -> None:
         """Copy the plant-models file a robot config names by a relative path beside the copied config, so

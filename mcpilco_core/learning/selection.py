@@ -51,15 +51,34 @@ class Selection:
                 "selected_policy": self.files.get(self.best, "")}
 
 
-def start_states(run: RunDirectory, trials: list[int], particles: int, generator: torch.Generator) -> torch.Tensor:
-    """Particles (P, 4): drawn from the post-disturbance states every trial of the run collected."""
+def run_pool(run: RunDirectory, trials: list[int]) -> np.ndarray:
+    """The post-disturbance states (M, 4) every trial of the run collected."""
     pools = [np.load(path) for k in trials if (path := run.trial_path(k) / "disturbance_states.npy").exists()]
-    pool = np.concatenate([p for p in pools if len(p)]) if any(len(p) for p in pools) else np.zeros((0, 4))
+    return np.concatenate([np.zeros((0, 4))] + pools)
+
+
+def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, Path], config, pool: np.ndarray,
+          particles: int, horizon: float | None, seed: int) -> Selection:
+    """Every policy file rolled out on ``model`` from the same particles (drawn from ``pool``) and noise, ranked by
+    the plain saturated cost of the training config."""
     if not len(pool):
-        raise ValueError(f"{run.root} holds no post-disturbance states to start the particles from "
+        raise ValueError(f"{root} holds no post-disturbance states to start the particles from "
                          "(initial_state.disturbance_fraction was 0)")
+    horizon = config.horizon if horizon is None else horizon
+    steps = int(round(horizon / config.robot.policy_period))
+    generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(pool), (particles,), generator=generator)
-    return torch.as_tensor(pool[picks.numpy()], dtype=torch.float64)
+    x0 = torch.as_tensor(pool[picks.numpy()], dtype=torch.float64)
+    noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
+    cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
+    selection = Selection(str(root), model_trial, particles, horizon, seed)
+    for k, path in files.items():
+        policy = TorchPolicy.from_numpy(load_policy(path, robot=config.robot.robot), dtype=torch.float64)
+        with torch.no_grad():
+            states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
+        selection.costs[k] = float(trajectory_cost(states, cost))
+        selection.files[k] = str(path)
+    return selection
 
 
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
@@ -79,29 +98,8 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
         raise ValueError(f"{run.root}: its last trial holds no model")
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
-    horizon = config.horizon if horizon is None else horizon
-    steps = int(round(horizon / config.robot.policy_period))
-    generator = torch.Generator().manual_seed(seed)
-    x0 = start_states(run, trials, particles, generator)
-    noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
-    selection = Selection(str(run.root), trials[-1], particles, horizon, seed)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
-    selection.costs = _model_costs(model, files, config, x0, noise, steps)
-    selection.files = {k: str(path) for k, path in files.items()}
-    return selection
-
-
-def _model_costs(model: DynamicsModel, files: dict[int, Path], config, x0: torch.Tensor, noise: torch.Tensor,
-                 steps: int) -> dict[int, float]:
-    """The plain saturated cost of each policy file rolled out on ``model`` from the same particles and noise."""
-    cost = CostSettings(lengthscales=config.cost.lengthscales, velocity_lengthscales=config.cost.velocity_lengthscales)
-    costs = {}
-    for k, path in files.items():
-        policy = TorchPolicy.from_numpy(load_policy(path, robot=config.robot.robot), dtype=torch.float64)
-        with torch.no_grad():
-            states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
-        costs[k] = float(trajectory_cost(states, cost))
-    return costs
+    return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed)
 
 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
@@ -123,19 +121,8 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
         model.load_arrays({k: arrays[k] for k in arrays.files}, "cpu", torch.float64)
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            load_sessions([root / "session"], config.robot).handed_over_states()])
-    if not len(pool):
-        raise ValueError(f"{root} holds no post-disturbance states to start the particles from")
-    horizon = config.horizon if horizon is None else horizon
-    steps = int(round(horizon / config.robot.policy_period))
-    generator = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, len(pool), (particles,), generator=generator)
-    x0 = torch.as_tensor(pool[picks.numpy()], dtype=torch.float64)
-    noise = particle_noise(steps, particles, generator, torch.float64, "cpu")
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    selection = Selection(str(root), len(models), particles, horizon, seed)
-    selection.costs = _model_costs(model, files, config, x0, noise, steps)
-    selection.files = {k: str(path) for k, path in files.items()}
-    return selection
+    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed)
 
 
 def write_selection(selection: Selection, path: str | Path) -> None:
