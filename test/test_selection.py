@@ -1,4 +1,5 @@
-"""``mcpilco select``: ranking a run's trial policies on its newest model, without the robot."""
+"""``mcpilco select``: ranking a run's trial policies on its newest model, without the robot, and the optional
+robot check of the best few (counted robot time)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
+from mcpilco_core.control import build_controller
+from mcpilco_core.evaluation import evaluate_seed
 from mcpilco_core.learning import learner
 from mcpilco_core.learning.learner import load_train_config
 from mcpilco_core.learning.runs import train
-from mcpilco_core.learning.selection import select_policy
+from mcpilco_core.learning.selection import RobotCheck, Selection, select_policy
 from mcpilco_core.policy import load_policy, save_policy
 from mcpilco_core.simulation import SimulatedRobot
 from mcpilco_ros import cli
@@ -82,3 +85,49 @@ def test_a_run_without_post_disturbance_states_is_refused_clearly(run, tmp_path,
         np.save(path, np.zeros((0, 4)))             # a run whose particles all started in the box
     assert cli.main(["select", str(bare)]) == 2
     assert "no post-disturbance states" in capsys.readouterr().err
+
+
+def test_the_robot_check_runs_the_models_best_few_and_counts_their_time(run):
+    check = RobotCheck(count=2, seconds=1.0, seed=7)
+    selection = select_policy(run, particles=50, seed=3, check=check)
+    assert list(selection.check_scores) == selection.ranked()[:2]           # the model's best two, nothing else
+    assert selection.robot_time == 2.0 and selection.check.profile == "nominal"   # the run's robot
+    assert selection.best == max(selection.check_scores, key=lambda k: (selection.check_scores[k],
+                                                                         -selection.ranked().index(k)))
+    # each check is the protocol's first second on the run's robot: the evaluator gives the same score
+    config = load_train_config(run / "train_config.yaml", robot_config=run / "robot_config.yaml")
+    k = selection.ranked()[0]
+    policy = load_policy(selection.files[k])
+    alone = evaluate_seed(build_controller(config.robot, policy), config.robot, 7, 1.0, False, "nominal")
+    assert selection.check_scores[k] == alone.score
+    report = selection.to_dict()
+    assert report["robot_time_s"] == 2.0 and report["robot_check"]["seconds_each"] == 1.0
+    assert set(report["robot_check"]["scores"]) == {str(t) for t in selection.check_scores}
+
+
+def test_the_robot_check_outranks_the_model_and_ties_go_to_the_model():
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 30.0, 2: 20.0, 3: 25.0},
+                          files={1: "a", 2: "b", 3: "c"}, check=RobotCheck(2))
+    assert selection.best == 2 and selection.robot_time == 0.0               # no check run yet: the model's choice
+    selection.check_scores = {2: 0.4, 3: 0.6}
+    assert selection.best == 3 and selection.robot_time == 40.0
+    selection.check_scores = {2: 0.5, 3: 0.5}
+    assert selection.best == 2                                                 # a tie: the lower model cost
+
+
+@pytest.mark.parametrize("count, seconds, seed", [(0, 20.0, 0), (2, 0.0, 0), (2, 20.0, -1)])
+def test_a_bad_robot_check_is_refused(count, seconds, seed):
+    with pytest.raises(ValueError, match="robot check"):
+        RobotCheck(count, seconds, seed)
+
+
+def test_cli_select_with_a_robot_check_reports_the_counted_time(run, tmp_path, capsys):
+    out = tmp_path / "chosen.npz"
+    assert cli.main(["select", str(run), "--particles", "40", "--check", "2", "--check-seconds", "0.5",
+                     "--export", str(out)]) == 0
+    report = json.loads((run / "selection.json").read_text())
+    assert report["robot_time_s"] == 1.0 and len(report["robot_check"]["scores"]) == 2
+    assert str(report["selected_trial"]) in report["robot_check"]["scores"]
+    assert out.read_bytes() == Path(report["selected_policy"]).read_bytes()
+    assert "= 1 s of robot time" in capsys.readouterr().out
+    assert cli.main(["select", str(run), "--check", "2", "--check-seconds", "0"]) == 2

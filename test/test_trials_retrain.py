@@ -132,7 +132,7 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     """``mcpilco select`` on a ``mcpilco session`` output (retrain/ + session/): every retrain's policy on the
     newest model, no robot time; the retrain directory's copy of a training file with ``base`` loads on its own."""
     from mcpilco_core.learning.learner import load_train_config
-    from mcpilco_core.learning.selection import select_policy
+    from mcpilco_core.learning.selection import RobotCheck, select_policy
     from mcpilco_ros import cli
 
     derived = tmp_path / "derived.yaml"
@@ -152,3 +152,6 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     assert cli.main(["select", str(out), "--particles", "16", "--horizon", "0.2", "--export", str(exported)]) == 0
     assert exported.read_bytes() == Path(selection.files[selection.best]).read_bytes()
     assert json.loads((out / "selection.json").read_text())["selected_trial"] == selection.best
+    checked = select_policy(out, particles=16, horizon=0.2, check=RobotCheck(1, 0.5, 3, "hardware_proxy"))
+    assert list(checked.check_scores) == checked.ranked()[:1] and checked.robot_time == 0.5
+    assert checked.best == checked.ranked()[0] and checked.check.profile == "hardware_proxy"

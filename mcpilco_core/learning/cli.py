@@ -28,16 +28,27 @@ def register(subparsers) -> None:
                                             "training config's robot_profile")
     p.set_defaults(func=_run_train)
 
-    p = subparsers.add_parser("select", help="rank a run's trial policies on its newest model (no robot time)",
+    p = subparsers.add_parser("select", help="rank a run's trial policies on its newest model (no robot time), "
+                                             "optionally check the best few on the robot (counted)",
                               description="Roll every trial's policy out on the run's newest GP model from the "
                                           "post-disturbance starts the run collected (same particles, same noise) "
                                           "and rank them by the model's cost: choosing the policy to ship without "
-                                          "running the robot. Writes RUN/selection.json.")
+                                          "running the robot. With --check K, the model's best K then run "
+                                          "--check-seconds of the evaluation protocol each on the robot (counted "
+                                          "robot time) and the one up the longest is chosen. Writes "
+                                          "RUN/selection.json.")
     p.add_argument("run", type=Path, help="run directory (mcpilco train --out)")
     p.add_argument("--particles", type=int, default=600)
     p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
     p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
     p.add_argument("--export", type=Path, default=None, help="copy the selected trial's policy here")
+    p.add_argument("--check", type=int, default=0, metavar="K",
+                   help="check the model's best K policies on the robot (0 = off; counted robot time)")
+    p.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")
+    p.add_argument("--check-seed", type=int, default=1000,
+                   help="seed of the check's disturbance schedule (keep it apart from the seeds you report)")
+    p.add_argument("--robot-profile", default=None,
+                   help="the simulated robot the check runs on (default: the run's robot profile)")
     p.set_defaults(func=_run_select)
 
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
@@ -75,20 +86,26 @@ def _run_select(args: argparse.Namespace) -> int:
     import shutil
 
     from .runs import RunError
-    from .selection import select_policy, write_selection
+    from .selection import RobotCheck, select_policy, write_selection
 
     if args.particles < 1 or (args.horizon is not None and not args.horizon > 0):
         print("error: --particles must be >= 1 and --horizon > 0", file=sys.stderr)
         return 2
     try:
-        selection = select_policy(args.run, args.particles, args.horizon, args.seed)
+        check = RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile) if args.check else None
+        selection = select_policy(args.run, args.particles, args.horizon, args.seed, check)
     except (RunError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.run}: model of trial {selection.model_trial}, {selection.particles} particles from the run's "
           f"post-disturbance states, {selection.horizon:g} s (no robot time)")
     for k, value in selection.costs.items():
-        print(f"  trial {k:3d}  model cost {value:8.3f}{'  <- selected' if k == selection.best else ''}")
+        checked = (f"  robot check {selection.check_scores[k]:.3f}" if k in selection.check_scores else "")
+        print(f"  trial {k:3d}  model cost {value:8.3f}{checked}{'  <- selected' if k == selection.best else ''}")
+    if selection.check is not None:
+        print(f"robot check: {len(selection.check_scores)} x {selection.check.seconds:g} s of the protocol (seed "
+              f"{selection.check.seed}, robot profile {selection.check.profile}) = {selection.robot_time:g} s of "
+              "robot time, on top of the run's")
     write_selection(selection, args.run / "selection.json")
     if args.export is not None:
         shutil.copyfile(selection.files[selection.best], args.export)

@@ -1,4 +1,5 @@
-"""Choosing a run's policy without the robot: every trial's policy rolled out on the run's newest model.
+"""Choosing a run's policy: every trial's policy rolled out on the run's newest model, then (optionally) the few
+best of them checked on the robot, that time counted.
 
 Picking the trial to ship by scoring each trial's policy on the robot costs robot time (10 protocol runs of 60 s
 per trial would be 10 minutes each); shipping the last trial wastes the run when it relapsed. The run's newest
@@ -6,16 +7,24 @@ model (fitted on every trial but the last) already knows the robot: roll every t
 same particles -- the post-disturbance starts the run collected, or the trial's own start distribution -- with the
 same noise, and rank the policies by the particle estimate of J (the plain saturated cost of the training config,
 without the catch model or the ROA term, so that the ranking does not depend on what was being optimised).
-No robot time: nothing here runs the robot.
+No robot time: the ranking runs nothing on the robot.
+
+The model's ranking is a weak signal when the policies are close in model cost: on the hardware proxy a session's
+model put a relapsed last trial first. A short robot check of the model's top few candidates settles that for a
+little counted robot time: each runs ``seconds`` of the evaluation protocol (the same seeded disturbances for all)
+on the robot, and the one up the longest ships. Those seconds are robot time; ``selection.json`` counts them, and
+they come on top of the run's own (a real robot runs the same check with the controller node and the driver's
+disturbance windows; the simulated one runs it here, on the run's robot profile).
 
     mcpilco select runs/NAME            # table of every trial's model cost, writes runs/NAME/selection.json
+    mcpilco select runs/NAME --check 3  # + the model's best 3 checked for 20 s each on the robot (60 s counted)
     mcpilco select runs/NAME --export runs/NAME/selected_policy.npz
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +37,26 @@ from .runs import RunDirectory
 from .torch_policy import TorchPolicy
 
 
+@dataclass(frozen=True)
+class RobotCheck:
+    """The robot check of the model's best ``count`` candidates: ``seconds`` (s) of the protocol each, disturbance
+    schedule of ``seed`` (one for all, so they meet the same pushes), on ``profile`` (None: the run's robot)."""
+
+    count: int
+    seconds: float = 20.0
+    seed: int = 1000
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.seconds > 0 or self.seed < 0:
+            raise ValueError(f"robot check: need count >= 1, seconds > 0 and seed >= 0 (got {self.count}, "
+                             f"{self.seconds}, {self.seed})")
+
+
 @dataclass
 class Selection:
-    """Model costs of every trial's policy (trial index -> J, dimensionless) and the trial with the lowest."""
+    """Model costs of every trial's policy (trial index -> J, dimensionless) and the trial chosen: the one up the
+    longest in the robot check when there was one (ties: the lower model cost), else the lowest model cost."""
 
     run: str
     model_trial: int
@@ -39,16 +65,33 @@ class Selection:
     seed: int
     costs: dict[int, float] = field(default_factory=dict)
     files: dict[int, str] = field(default_factory=dict)     # trial index -> its policy file
+    check: RobotCheck | None = None
+    check_scores: dict[int, float] = field(default_factory=dict)   # trial index -> fraction of the check up
+
+    def ranked(self) -> list[int]:
+        """Trials by model cost, best first (ties: the later trial)."""
+        return sorted(self.costs, key=lambda k: (self.costs[k], -k))
 
     @property
     def best(self) -> int:
-        return min(self.costs, key=lambda k: (self.costs[k], -k))   # ties: the later trial
+        if self.check_scores:
+            order = self.ranked()
+            return max(self.check_scores, key=lambda k: (self.check_scores[k], -order.index(k)))
+        return self.ranked()[0]
+
+    @property
+    def robot_time(self) -> float:
+        """Seconds of robot time the choice took (the robot check; the model ranking takes none)."""
+        return len(self.check_scores) * self.check.seconds if self.check else 0.0
 
     def to_dict(self) -> dict:
+        check = None if self.check is None else {
+            "count": self.check.count, "seconds_each": self.check.seconds, "seed": self.check.seed,
+            "robot_profile": self.check.profile, "scores": {str(k): v for k, v in self.check_scores.items()}}
         return {"run": self.run, "model_trial": self.model_trial, "particles": self.particles,
-                "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": 0.0,
-                "costs": {str(k): v for k, v in self.costs.items()}, "selected_trial": self.best,
-                "selected_policy": self.files.get(self.best, "")}
+                "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": self.robot_time,
+                "costs": {str(k): v for k, v in self.costs.items()}, "robot_check": check,
+                "selected_trial": self.best, "selected_policy": self.files.get(self.best, "")}
 
 
 def run_pool(run: RunDirectory, trials: list[int]) -> np.ndarray:
@@ -81,12 +124,27 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
     return selection
 
 
+def check_on_robot(selection: Selection, config, check: RobotCheck) -> None:
+    """Run the model's best ``check.count`` policies for ``check.seconds`` of the protocol each on the robot
+    (``check.profile``, or the run's), recording the fraction of the time each was up (counted robot time)."""
+    from ..control import build_controller
+    from ..evaluation import evaluate_seed
+
+    profile = check.profile or config.robot_profile
+    selection.check = replace(check, profile=profile)
+    for k in selection.ranked()[: check.count]:
+        policy = load_policy(selection.files[k], robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+        result = evaluate_seed(build_controller(config.robot, policy), config.robot, check.seed, check.seconds,
+                               False, profile)
+        selection.check_scores[k] = float(result.score)
+
+
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
-                  seed: int = 0) -> Selection:
-    """Model cost of every trial's policy on the run's newest model (see the module docstring); ``root`` may
-    also be the output of ``mcpilco session`` (:func:`select_session_policy`)."""
+                  seed: int = 0, check: RobotCheck | None = None) -> Selection:
+    """Model cost of every trial's policy on the run's newest model (see the module docstring), then the robot
+    check if asked; ``root`` may also be the output of ``mcpilco session`` (:func:`select_session_policy`)."""
     if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
-        return select_session_policy(root, particles, horizon, seed)
+        return select_session_policy(root, particles, horizon, seed, check)
     run = RunDirectory(root)
     config = run.load_config()
     trials = run.completed_trials()
@@ -99,11 +157,14 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
-    return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed)
+    selection = _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed)
+    if check is not None:
+        check_on_robot(selection, config, check)
+    return selection
 
 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
-                          seed: int = 0) -> Selection:
+                          seed: int = 0, check: RobotCheck | None = None) -> Selection:
     """The same for a ``mcpilco session`` output (``retrain/`` policies and models, ``session/`` bags): every
     retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the post-disturbance
     states the session's windows handed over plus those the learner simulates on its prior model (no robot time)."""
@@ -122,7 +183,10 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            load_sessions([root / "session"], config.robot).handed_over_states()])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed)
+    selection = _rank(root, len(models), model, files, config, pool, particles, horizon, seed)
+    if check is not None:
+        check_on_robot(selection, config, check)
+    return selection
 
 
 def write_selection(selection: Selection, path: str | Path) -> None:
