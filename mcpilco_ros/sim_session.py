@@ -137,6 +137,10 @@ class SessionOptions:
     robot_profile: str | None = None          # the simulated robot (None: the training config's robot_profile)
     disturbance_from: int | None = None       # trials >= K begin with a disturbance window (0 = never; None: the
                                               # training config's initial_state.disturbance_trial_from)
+    check: int = 0                            # > 0: the final policy is the best of the model's best `check` retrained
+                                              # policies in a robot check (mcpilco select --check; counted robot time)
+    check_seconds: float = 20.0               # s of the protocol per checked policy
+    check_seed: int = 1000                    # seed of the check's disturbance schedule
 
 
 @dataclass
@@ -313,6 +317,10 @@ class SimSession:
                                     else options.disturbance_from)
         if self.disturbance_from < 0:
             raise ValueError(f"--disturbance-from must be >= 0 (0 = never), got {self.disturbance_from}")
+        if options.check:                # a bad check fails now, not after the session
+            from mcpilco_core.learning.selection import RobotCheck
+
+            RobotCheck(options.check, options.check_seconds, options.check_seed)
         self.out = Path(options.out).resolve()
         if (self.out / "session").exists():
             raise ValueError(f"{self.out}: holds a session already; choose a new --out")
@@ -535,17 +543,23 @@ class SimSession:
         from mcpilco_core.learning.retrain import plot_session_curve
 
         rows = [vars(r) for r in self.rows]
-        final = self.rows[-1]
+        selection = self.choose_final() if self.o.check else None
+        final = self.rows[selection.best] if selection else self.rows[-1]
         shutil.copyfile(final.policy, self.out / "policy.npz")
         plot = plot_session_curve(rows, self.out / "learning_curve.png",
                                   f"mcpilco session --sim: {self.cfg.robot.robot}, {Path(self.cfg.source).name}")
         robot_time = self.robot_time()
+        if selection is not None:
+            robot_time["selection_check"] = selection.robot_time
+            robot_time["total"] += selection.robot_time
         result = {"robot": self.cfg.robot.robot, "train_config": str(self.cfg.source), "trials": rows,
                   "robot_profile": self.profile.label, "disturbance_from": self.disturbance_from,
                   "friction_compensation": self.cfg.robot.friction_compensation.enabled,
                   "robot_time_s": robot_time["total"], "robot_time_breakdown_s": robot_time,
                   "evaluation_time_s": sum(r.eval_time_s for r in self.rows),
                   "final_policy": final.policy, "final_policy_version": final.policy_version,
+                  "final_policy_trial": final.trial, "final_policy_chosen_by": (
+                      f"mcpilco select --check {self.o.check}" if selection else "the last trial"),
                   "final_score": final.eval_score, "final_scores": final.eval_scores,
                   "eval_seeds": list(self.eval_seeds), "eval_duration_s": self.o.eval_duration,
                   "wall_s": time.perf_counter() - self.t0, "learning_curve": str(plot)}
@@ -553,13 +567,34 @@ class SimSession:
         self.say(f"learning curve: mean cost per trial {[round(r.cost, 3) for r in self.rows]}, evaluation score per "
                  f"trial {[None if r.eval_score is None else round(r.eval_score, 4) for r in self.rows]}")
         self.say(f"robot time {robot_time['total']:.3f} s (exploration {robot_time['exploration']:.3f}, trials "
-                 f"{robot_time['trials']:.3f}, windows {robot_time['windows']:.3f}); evaluation runs "
+                 f"{robot_time['trials']:.3f}, windows {robot_time['windows']:.3f}, selection check "
+                 f"{robot_time.get('selection_check', 0.0):.3f}); evaluation runs "
                  f"{result['evaluation_time_s']:g} s of simulated protocol, reported apart")
-        self.say(f"final policy {final.policy_version}: score {final.eval_score:.4f} over seeds "
+        self.say(f"final policy {final.policy_version} (trial {final.trial}, {result['final_policy_chosen_by']}): "
+                 f"score {final.eval_score:.4f} over seeds "
                  f"{list(self.eval_seeds)} ({self.o.eval_duration:g} s protocol); wrote {plot}, "
                  f"{self.out / 'session.json'}, {self.out / 'policy.npz'}")
         return result
 
+
+    def choose_final(self):
+        """The final policy by ``mcpilco select --check``: the retrained policies ranked on the session's newest
+        model, the best ``check`` of them run for ``check_seconds`` of the protocol each on the session's simulated
+        robot (the evaluator; the same numbers as the lockstep driver), that robot time counted. None (the last
+        trial's policy stays final) when the selection cannot run, e.g. no post-disturbance states."""
+        from mcpilco_core.learning.selection import RobotCheck, select_session_policy, write_selection
+
+        check = RobotCheck(self.o.check, self.o.check_seconds, self.o.check_seed, self.profile_spec)
+        try:
+            selection = select_session_policy(self.out, check=check)
+        except (ValueError, OSError) as exc:      # the session's data stays; the last trial's policy is final
+            self.say(f"selection failed ({exc}); the final policy is the last trial's")
+            return None
+        write_selection(selection, self.out / "selection.json")
+        self.say(f"selection: model costs {({k: round(v, 3) for k, v in selection.costs.items()})}; robot check "
+                 f"{({k: round(v, 3) for k, v in selection.check_scores.items()})} ({selection.robot_time:g} s of "
+                 f"robot time) -> trial {selection.best}")
+        return selection
 
     def robot_time(self) -> dict[str, float]:
         """Seconds the robot ran for learning: exploration (trial 0), trials (without their windows), disturbance
@@ -600,6 +635,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trials K, K+1, ... begin with a disturbance window (the protocol's 0.2 s reset PID on "
                              "both motors, run by the driver); 0 = never (default: the training config's "
                              "initial_state.disturbance_trial_from)")
+    parser.add_argument("--check", type=int, default=0, metavar="K",
+                        help="choose the final policy by `mcpilco select --check K`: the model's best K retrained "
+                             "policies each run --check-seconds of the protocol on the robot, the one up the longest "
+                             "is final (counted robot time); 0 = the last trial's policy")
+    parser.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")
+    parser.add_argument("--check-seed", type=int, default=1000, help="seed of the check's disturbance schedule")
     parser.add_argument("--notes", default="", help="free text for session.yaml")
     parser.add_argument("--quiet", action="store_true")
 
@@ -612,7 +653,8 @@ def _run(args: argparse.Namespace) -> int:
                              eval_duration=args.eval_duration, eval_jobs=args.jobs,
                              trial_timeout=args.trial_timeout, retrain_timeout=args.retrain_timeout,
                              notes=args.notes, quiet=args.quiet, robot_profile=args.robot_profile,
-                             disturbance_from=args.disturbance_from)
+                             disturbance_from=args.disturbance_from, check=args.check,
+                             check_seconds=args.check_seconds, check_seed=args.check_seed)
     try:
         run_session(options)
     except (SessionError, ConfigError, ValueError) as exc:

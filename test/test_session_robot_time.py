@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,11 +27,11 @@ TINY = REPO / "config" / "train_tiny.yaml"
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_session_on_a_profile_with_a_disturbance_trial_counts_robot_time(tmp_path):
+def test_session_on_a_profile_with_a_disturbance_trial_and_a_robot_check_counts_robot_time(tmp_path):
     out = tmp_path / "run"
     session = SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=out, trials=2, eval_seeds=(100,),
                                         eval_duration=5.0, quiet=True, robot_profile="hardware_proxy",
-                                        disturbance_from=1))
+                                        disturbance_from=1, check=1, check_seconds=0.5, check_seed=7))
     result = session.run()
     assert session.nodes.procs == {} and all(p.poll() is not None for p in session.nodes.started)
     explore, learned = (np.load(out / "trials" / f"trial_{k:03d}.npz") for k in (0, 1))
@@ -56,9 +57,15 @@ def test_session_on_a_profile_with_a_disturbance_trial_counts_robot_time(tmp_pat
     assert [r["window_s"] for r in rows] == pytest.approx([0.0, 0.2])
     assert rows[0]["disturbance"] is None and rows[1]["disturbance"]["target"] == info["trials"][1]["disturbance"][
         "target"]
-    assert result["robot_time_s"] == pytest.approx(3.2)
+    # + the robot check that chose the final policy (--check 1: the only retrained policy, 0.5 s of the protocol)
+    assert result["robot_time_s"] == pytest.approx(3.7)
     assert result["robot_time_breakdown_s"] == pytest.approx({"exploration": 2.0, "trials": 1.0, "windows": 0.2,
-                                                               "total": 3.2})
+                                                               "selection_check": 0.5, "total": 3.7})
+    selection = json.loads((out / "selection.json").read_text())
+    assert selection["robot_time_s"] == 0.5 and selection["robot_check"]["robot_profile"] == "hardware_proxy"
+    assert selection["selected_trial"] == result["final_policy_trial"] == 1
+    assert result["final_policy_chosen_by"] == "mcpilco select --check 1"
+    assert (out / "policy.npz").read_bytes() == Path(rows[1]["policy"]).read_bytes()
     assert result["evaluation_time_s"] == 5.0 and rows[1]["eval_time_s"] == 5.0 and rows[0]["eval_time_s"] == 0.0
     assert result["robot_profile"] == "hardware_proxy" and result["disturbance_from"] == 1
     assert json.loads((out / "session.json").read_text())["robot_time_s"] == result["robot_time_s"]
@@ -85,15 +92,35 @@ def test_session_refuses_a_bad_profile_and_disturbance_from_before_starting_anyt
     with pytest.raises(ConfigError, match="hardware_proxi"):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "a", trials=2,
                                   robot_profile="hardware_proxi"))
+    with pytest.raises(ValueError, match="robot check"):
+        SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "c", trials=2, check=2,
+                                  check_seconds=0.0))
     with pytest.raises(ValueError, match="disturbance-from"):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "b", trials=2,
                                   disturbance_from=-1))
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 def test_cli_takes_robot_profile_and_disturbance_from():
     code = ("import sys; from mcpilco_ros.cli import build_parser; "
             "a = build_parser().parse_args(['session', '--sim', '--out', 'x', '--robot-profile', 'perturbed:2', "
-            "'--disturbance-from', '3']); assert (a.robot_profile, a.disturbance_from) == ('perturbed:2', 3), a; "
+            "'--disturbance-from', '3', '--check', '3']); "
+            "assert (a.robot_profile, a.disturbance_from, a.check, a.check_seconds) == ('perturbed:2', 3, 3, 20.0), a; "
             "assert 'rclpy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_selection_that_cannot_run_keeps_the_last_trials_policy_and_the_data(tmp_path, monkeypatch):
+    from mcpilco_core.learning import selection
+
+    def no_states(*args, **kwargs):
+        raise ValueError("holds no post-disturbance states")
+
+    monkeypatch.setattr(selection, "select_session_policy", no_states)
+    session = SimSession.__new__(SimSession)           # the choice alone, without nodes
+    session.o = SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path, check=2)
+    session.out, session.profile_spec, said = tmp_path, "nominal", []
+    session.say = said.append
+    assert session.choose_final() is None
+    assert "selection failed (holds no post-disturbance states)" in said[0]
+    assert not (tmp_path / "selection.json").exists()
