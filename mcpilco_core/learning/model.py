@@ -178,7 +178,7 @@ class DynamicsModel:
         if prior != self.settings.prior:
             raise ValueError(f"the saved model was fitted with the {prior!r} prior but the settings say "
                              f"gp.prior = {self.settings.prior!r}; use the run's own training config")
-        if "prior_plant_b_cf_Ir" in arrays:      # saved before gp.identify existed: the settings' own prior
+        if "prior_plant_b_cf_Ir" in arrays:      # absent in models saved before gp.identify: the settings' prior stays
             self.set_prior_plant(with_parameters(self.base_plant, np.asarray(arrays["prior_plant_b_cf_Ir"])))
         self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
         n_out = self.hyper.raw_signal.shape[0]

@@ -101,9 +101,9 @@ def run_pool(run: RunDirectory, trials: list[int]) -> np.ndarray:
 
 
 def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, Path], config, pool: np.ndarray,
-          particles: int, horizon: float | None, seed: int) -> Selection:
+          particles: int, horizon: float | None, seed: int, check: RobotCheck | None) -> Selection:
     """Every policy file rolled out on ``model`` from the same particles (drawn from ``pool``) and noise, ranked by
-    the plain saturated cost of the training config."""
+    the plain saturated cost of the training config; then the robot check, if asked."""
     if not len(pool):
         raise ValueError(f"{root} holds no post-disturbance states to start the particles from "
                          "(initial_state.disturbance_fraction was 0)")
@@ -121,6 +121,8 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
             states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
         selection.costs[k] = float(trajectory_cost(states, cost))
         selection.files[k] = str(path)
+    if check is not None:
+        check_on_robot(selection, config, check)
     return selection
 
 
@@ -157,10 +159,7 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
-    selection = _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed)
-    if check is not None:
-        check_on_robot(selection, config, check)
-    return selection
+    return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check)
 
 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
@@ -183,10 +182,7 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            load_sessions([root / "session"], config.robot).handed_over_states()])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    selection = _rank(root, len(models), model, files, config, pool, particles, horizon, seed)
-    if check is not None:
-        check_on_robot(selection, config, check)
-    return selection
+    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check)
 
 
 def write_selection(selection: Selection, path: str | Path) -> None:
