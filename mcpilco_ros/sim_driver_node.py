@@ -315,7 +315,13 @@ class SimDriverNode(ConfiguredNode):
                 "torque_limit": self.disturbance_limit, "start_step": self.k, "start_time_s": self.k * self.dt,
                 "end_step": None}
         self.windows.append(info)
-        return True, json.dumps({k: v for k, v in info.items() if k != "end_step"})
+        self.publish_diagnostics()      # the window in diagnostics at once: the trainer's fallback if an answer is lost
+        return True, self._window_answer(info)
+
+    @staticmethod
+    def _window_answer(info: dict) -> str:
+        """The ~/disturb answer for a window (also ``disturbance_last`` in diagnostics)."""
+        return json.dumps({k: v for k, v in info.items() if k != "end_step"})
 
     def _finish(self) -> None:
         self.finished = True
@@ -367,6 +373,7 @@ class SimDriverNode(ConfiguredNode):
                        "disturbance_windows": len(self.windows), "disturbance_seed": self.targets.seed,
                        "disturbance_torque_limit": self.disturbance_limit,
                        "disturbance_target": last["target"] if last else [],
+                       "disturbance_last": self._window_answer(last) if last else "",
                        "disturbance_steps": self.window.steps if self.window is not None else 0})
         values.update(self.counters)
         self.publish_status("simulated robot", level, message, values)

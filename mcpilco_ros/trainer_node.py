@@ -11,6 +11,12 @@
   target, run by the driver itself. The driver's answer (window index, target, seed, torque limit) goes into the
   trial's session.yaml entry (``disturbance``) and diagnostics (``last_disturbance``); the recorded
   ``joint_states`` mark the window (frame_id "reset"), whose intervals the reader keeps from the model.
+  A DDS service may lose its answer (Fast DDS drops a response when the server has not yet matched the client's
+  reader, as with a driver that has just started on a loaded machine) while the window runs. So when no answer
+  comes within ``disturb_answer_timeout`` s, the driver's own diagnostics decide: a new window there
+  (``disturbance_windows`` grown, ``disturbance_last`` its JSON) is taken as the answer (``answered_by:
+  diagnostics``); none within 10 times that is a refusal ("no answer"). The call is never repeated (it would
+  start a second window).
 - ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.learning.retrain retrain`` on
   the session in a **separate, niced process** (the control loop's process and its executor are never
   blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
@@ -73,6 +79,8 @@ TRAINER_PARAMETERS: tuple[ParamSpec, ...] = (
               "~/disturb, called once the recording runs); ~/start_disturbance_trial asks for one trial"),
     ParamSpec("driver", "", "driver node offering ~/disturb ('' = moteus_driver_node or sim_driver_node, whichever "
               "offers it)"),
+    ParamSpec("disturb_answer_timeout", 3.0, "s without an answer from ~/disturb before the driver's diagnostics "
+              "are read instead (module docstring)", 0.1, 600.0),
 )
 DRIVERS = ("moteus_driver_node", "sim_driver_node")
 
@@ -108,6 +116,8 @@ class TrainerNode(ConfiguredNode):
         self.disturbance_requests = 0       # ~/disturb calls made
         self.disturbance_answers = 0        # ... and answered (accepted or refused)
         self.last_disturbance = ""          # the newest answer (JSON of the window, or why it was refused)
+        self.driver_status: dict[str, dict[str, str]] = {}   # driver node -> its newest disturbance_* diagnostics
+        self._pending_disturb: dict | None = None           # the ~/disturb call not answered yet
 
         topics = [recording.STATE_TOPIC, recording.COMMAND_TOPIC]
         for topic in topics:
@@ -124,6 +134,7 @@ class TrainerNode(ConfiguredNode):
         self.reload_client = self.create_client(Trigger, f"/{controller}/reload_policy") if controller else None
         self.param_client = self.create_client(SetParameters, f"/{controller}/set_parameters") if controller else None
         self.create_timer(0.2, self._poll_retrain)
+        self.create_timer(0.2, self._poll_disturbance)
         self.get_logger().info(f"{self.config.robot}: session {self.session.root}, run dir {self.p['run_dir']}")
 
     # ---------------------------------------------------------------- recording
@@ -141,6 +152,11 @@ class TrainerNode(ConfiguredNode):
             if st.name.startswith("controller_node"):
                 values = {kv.key: kv.value for kv in st.values}
                 self.controller_policy_version = values.get("policy_version", self.controller_policy_version)
+            node = st.name.split(":", 1)[0]
+            if node in DRIVERS:
+                values = {kv.key: kv.value for kv in st.values if kv.key.startswith("disturbance_")}
+                if values:
+                    self.driver_status[node] = values
 
     def disturbance_client(self):
         """The client of the first driver whose ~/disturb is available, or None."""
@@ -175,28 +191,69 @@ class TrainerNode(ConfiguredNode):
         return True, message
 
     def _request_disturbance(self, client, bag: str) -> None:
-        """Call the driver's ~/disturb; its answer goes into the trial's session.yaml entry when it comes."""
+        """Call the driver's ~/disturb; its answer (or, failing that, its diagnostics: module docstring) goes into
+        the trial's session.yaml entry when it comes."""
         self.session.entry(bag)["disturbance"] = {"status": "requested", "service": client.srv_name}
         self.session.save()
         self.disturbance_requests += 1
-        client.call_async(Trigger.Request()).add_done_callback(lambda future: self._after_disturb(future, bag))
+        node = client.srv_name.strip("/").split("/")[0]
+        before = int(self.driver_status.get(node, {}).get("disturbance_windows", "0") or 0)
+        pending = {"bag": bag, "node": node, "windows_before": before, "since": time.monotonic()}
+        self._pending_disturb = pending
+        future = client.call_async(Trigger.Request())
+        pending["future"] = future
+        future.add_done_callback(lambda done: self._after_disturb(done, pending))
 
-    def _after_disturb(self, future, bag: str) -> None:
+    def _after_disturb(self, future, pending: dict) -> None:
         answer = future.result()
-        self.disturbance_answers += 1
-        self.last_disturbance = answer.message if answer is not None else "no answer from ~/disturb"
-        entry = self.session.entry(bag)
+        if self._pending_disturb is not pending:
+            self.get_logger().warning(f"{pending['bag']}: late ~/disturb answer ignored (already settled): "
+                                      f"{answer.message if answer is not None else None}")
+            return
         if answer is not None and answer.success:
-            try:
-                window = json.loads(answer.message)
-            except json.JSONDecodeError:
-                window = {"message": answer.message}
-            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "accepted", **window}
-            self.get_logger().info(f"{bag}: disturbance window {answer.message}")
+            self._settle_disturbance(pending, True, answer.message, "service")
         else:
-            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "refused",
-                                    "reason": self.last_disturbance}
-            self.get_logger().error(f"{bag}: ~/disturb refused: {self.last_disturbance}")
+            self._settle_disturbance(pending, False, answer.message if answer is not None
+                                     else "no answer from ~/disturb", "service")
+
+    def _poll_disturbance(self) -> None:
+        """An unanswered ~/disturb: after ``disturb_answer_timeout`` s, a new window in the driver's diagnostics
+        is the answer; after 10 times that, none is a refusal."""
+        pending = self._pending_disturb
+        if pending is None or pending["future"].done():
+            return
+        waited, timeout = time.monotonic() - pending["since"], float(self.p["disturb_answer_timeout"])
+        if waited < timeout:
+            return
+        values = self.driver_status.get(pending["node"], {})
+        if int(values.get("disturbance_windows", "0") or 0) > pending["windows_before"] and \
+                values.get("disturbance_last"):
+            self.get_logger().warning(f"{pending['bag']}: no answer from /{pending['node']}/disturb in "
+                                      f"{waited:.1f} s; its diagnostics show the window")
+            self._settle_disturbance(pending, True, values["disturbance_last"], "diagnostics")
+        elif waited >= 10.0 * timeout:
+            self._settle_disturbance(pending, False, f"no answer from /{pending['node']}/disturb within "
+                                     f"{waited:.1f} s, and no new window in its diagnostics", "timeout")
+
+    def _settle_disturbance(self, pending: dict, accepted: bool, message: str, answered_by: str) -> None:
+        """Write the ~/disturb outcome into the trial's entry and the counters (once per call)."""
+        self._pending_disturb = None
+        bag = pending["bag"]
+        self.disturbance_answers += 1
+        self.last_disturbance = message
+        entry = self.session.entry(bag)
+        if accepted:
+            try:
+                window = json.loads(message)
+            except json.JSONDecodeError:
+                window = {"message": message}
+            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "accepted", **window}
+            if answered_by != "service":
+                entry["disturbance"]["answered_by"] = answered_by
+            self.get_logger().info(f"{bag}: disturbance window {message}")
+        else:
+            entry["disturbance"] = {**entry.get("disturbance", {}), "status": "refused", "reason": message}
+            self.get_logger().error(f"{bag}: ~/disturb refused: {message}")
         self.session.save()
 
     def stop_trial(self) -> tuple[bool, str]:

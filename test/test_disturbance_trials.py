@@ -6,6 +6,8 @@ gets exactly 0. The same window offline (the learner's run_on_robot) gives the s
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +24,8 @@ from mcpilco_core.simulation import MODE_CODES, RESET_FRAME, load_robot_profile
 
 pytest.importorskip("rclpy")
 from _ros_helpers import CONFIG, Peer, rig, status_values, wait_for  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue  # noqa: E402
+from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
@@ -247,3 +251,65 @@ def test_trainer_refuses_a_disturbance_trial_without_a_driver_before_recording(t
         ok, message = trainer.start_trial(disturb=False)        # a plain trial still records
         assert ok and trainer.recorder is not None
         trainer.stop_trial()
+
+
+class SilentDriver(Node):
+    """A driver named sim_driver_node whose ~/disturb starts a window (shown in its diagnostics at once) but whose
+    answer comes only when released: what a DDS service does when it drops the response (a just-started server
+    on a loaded machine). Runs in its own rig: its callback blocks its executor."""
+
+    def __init__(self, context, show_window: bool) -> None:
+        super().__init__("sim_driver_node", context=context)
+        self.show_window, self.requests, self.release = show_window, 0, threading.Event()
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
+        self.create_service(Trigger, "~/disturb", self._on_disturb)
+        self.create_timer(0.05, self._publish)
+
+    def _on_disturb(self, request, response):
+        self.requests += 1
+        self._publish()
+        self.release.wait(timeout=20.0)
+        response.success, response.message = True, json.dumps({"index": 0, "late": True})
+        return response
+
+    def _publish(self) -> None:
+        shown = self.show_window and self.requests > 0
+        answer = json.dumps({"index": 0, "target": [0.1, -0.2], "seed": 9, "torque_limit": 6.0}) if shown else ""
+        values = {"disturbance_windows": str(int(shown)), "disturbance_last": answer}
+        self.diagnostics_pub.publish(DiagnosticArray(status=[DiagnosticStatus(
+            name="sim_driver_node: simulated robot", values=[KeyValue(key=k, value=v) for k, v in values.items()])]))
+
+
+@pytest.mark.parametrize("show_window", [True, False], ids=["window-in-diagnostics", "nothing"])
+def test_trainer_settles_a_lost_disturb_answer_from_the_drivers_diagnostics(tmp_path, show_window):
+    """A lost ~/disturb answer: the driver's diagnostics name the window (accepted, answered_by diagnostics), or
+    after 10 x disturb_answer_timeout a refusal names the silence; the call is made once, a late answer ignored."""
+    import yaml
+
+    with rig() as r, rig() as d:
+        driver = d.add(SilentDriver(d.context, show_window))
+        trainer = r.add(make_trainer(r.context, tmp_path, disturb_answer_timeout=0.3))
+        r.start()
+        d.start()
+        try:
+            wait_for(lambda: trainer.disturbance_client() is not None and "sim_driver_node" in trainer.driver_status,
+                     what="trainer sees the driver")
+            ok, message = trainer.start_trial(disturb=True)
+            assert ok
+            wait_for(lambda: trainer.disturbance_answers == 1, what="the trainer settling the call")
+            assert driver.requests == 1 and trainer.disturbance_requests == 1
+            settled = trainer.last_disturbance
+            if show_window:
+                assert json.loads(settled)["target"] == [0.1, -0.2]
+            else:
+                assert "no answer from /sim_driver_node/disturb within" in settled
+        finally:
+            driver.release.set()
+        time.sleep(0.5)      # the late answer arrives and is ignored
+        assert trainer.disturbance_answers == 1 and trainer.last_disturbance == settled
+        trainer.stop_trial()
+    window = yaml.safe_load((tmp_path / "session" / "session.yaml").read_text())["trials"][0]["disturbance"]
+    if show_window:
+        assert window["status"] == "accepted" and window["answered_by"] == "diagnostics" and window["seed"] == 9
+    else:
+        assert window["status"] == "refused" and "no new window in its diagnostics" in window["reason"]

@@ -77,8 +77,8 @@ class DisturbanceWindows:
             self.armed = True
             info = {"index": len(self.windows), "target": [float(v) for v in target], "seed": self.targets.seed,
                     "torque_limit": self.limit}
-            self.windows.append({**info, "cycles": 0, "outcome": "armed"})
-            return True, json.dumps(info)
+            self.windows.append({**info, "cycles": 0, "outcome": "armed", "answer": json.dumps(info)})
+            return True, self.windows[-1]["answer"]
 
     # ------------------------------------------------------------------ the loop's side
     def step(self, decision: SafetyDecision, q: Sequence[float], dq: Sequence[float]) -> DisturbanceStep | None:
@@ -116,12 +116,14 @@ class DisturbanceWindows:
         self.release_pending = False
 
     def summary(self) -> dict:
-        """For diagnostics: active, windows started, the last window's target, cycles and outcome, seed, limit."""
+        """For diagnostics: active, windows started, the last window's target, cycles and outcome, seed, limit, and
+        its ~/disturb answer (``disturbance_last``: what the trainer reads when that answer was lost)."""
         last = self.windows[-1] if self.windows else {}
         return {"disturbance_active": self.armed, "disturbance_windows": len(self.windows),
                 "disturbance_target": [round(float(v), 6) for v in last.get("target", [])],
                 "disturbance_cycles": last.get("cycles", 0), "disturbance_outcome": last.get("outcome", ""),
-                "disturbance_seed": self.targets.seed, "disturbance_torque_limit": self.limit}
+                "disturbance_seed": self.targets.seed, "disturbance_torque_limit": self.limit,
+                "disturbance_last": last.get("answer", "")}
 
 
 def _clip(value: float, limit: float) -> float:
