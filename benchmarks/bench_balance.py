@@ -74,32 +74,36 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
 
 
 def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int,
-                 profile: str = "hardware_proxy") -> None:
-    """The robot config's LQR (always in charge) plus a shake of amplitude A (N m) at f (Hz), sine or square, on
-    the robot ``profile``: catch rate per start level, best mean first."""
-    print("| robot | amplitude (N m) | frequency (Hz) | shape | " + " | ".join(f"V = {v} rho" for v in levels)
-          + " | mean |")
-    print("|---|---|---|---|" + "---|" * (len(levels) + 1))
+                 profile: str = "hardware_proxy", q_scales: tuple[float, ...] = (1.0,)) -> None:
+    """The robot config's LQR (always in charge; its Q scaled by each of ``q_scales``) plus a shake of amplitude
+    A (N m) at f (Hz), sine or square, on the robot ``profile``: catch rate per start level (the levels of the
+    unscaled LQR, so every row starts from the same states), best mean first."""
+    print("| robot | Q scale | amplitude (N m) | frequency (Hz) | shape | "
+          + " | ".join(f"V = {v} rho" for v in levels) + " | mean |")
+    print("|---|---|---|---|---|" + "---|" * (len(levels) + 1))
     for robot in robots:
         config = load_robot_config(CONFIG / f"{robot}.yaml")
-        always = dataclasses.replace(config.roa, enter_fraction=100.0, exit_fraction=100.0)
         supervisor = build_controller(config)
+        # always in charge; a fixed rho skips the ROA estimate of each scaled design (it plays no part then)
+        always = dataclasses.replace(config.roa, rho=supervisor.rho, enter_fraction=100.0, exit_fraction=100.0)
         rng = np.random.default_rng(seed)
         starts = {v: sample_sublevel_states(supervisor.design, np.full(samples, v * supervisor.rho), rng)
                   for v in levels}
         rows = []
-        for amplitude in (0.0, 2.0, 3.0, 4.0, 5.0, 6.0):
-            for frequency in (3.0, 5.0, 8.0):
-                for shape in ("sine", "square"):
-                    if amplitude == 0.0 and (frequency, shape) != (5.0, "sine"):
-                        continue
-                    cfg = dataclasses.replace(config, roa=always,
-                                              dither=BalanceDitherConfig(amplitude, frequency, shape))
-                    rates = [caught_fraction(cfg, profile, starts[v], horizon) for v in levels]
-                    rows.append((float(np.mean(rates)), amplitude, frequency, shape, rates))
-        for mean, amplitude, frequency, shape, rates in sorted(rows, key=lambda row: -row[0]):
-            print(f"| {robot} | {amplitude:g} | {frequency:g} | {shape} | " + " | ".join(f"{r:.2f}" for r in rates)
-                  + f" | {mean:.2f} |", flush=True)
+        for q_scale in q_scales:
+            lqr = dataclasses.replace(config.lqr, Q_diag=tuple(float(q) * q_scale for q in config.lqr.Q_diag))
+            for amplitude in (0.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+                for frequency in (3.0, 5.0, 8.0):
+                    for shape in ("sine", "square"):
+                        if amplitude == 0.0 and (frequency, shape) != (5.0, "sine"):
+                            continue
+                        cfg = dataclasses.replace(config, roa=always, lqr=lqr,
+                                                  dither=BalanceDitherConfig(amplitude, frequency, shape))
+                        rates = [caught_fraction(cfg, profile, starts[v], horizon) for v in levels]
+                        rows.append((float(np.mean(rates)), q_scale, amplitude, frequency, shape, rates))
+        for mean, q_scale, amplitude, frequency, shape, rates in sorted(rows, key=lambda row: -row[0]):
+            print(f"| {robot} | {q_scale:g} | {amplitude:g} | {frequency:g} | {shape} | "
+                  + " | ".join(f"{r:.2f}" for r in rates) + f" | {mean:.2f} |", flush=True)
 
 
 def robust_search(robots: list[str], restarts: int, seed: int) -> None:
@@ -154,9 +158,12 @@ def main() -> int:
     parser.add_argument("--dither-sweep", action="store_true", help="the LQR plus a shake of the actuated joint")
     parser.add_argument("--profile", default="hardware_proxy", help="robot profile of --dither-sweep (a name or a "
                                                                     "file, e.g. config/design_robots/*.yaml)")
+    parser.add_argument("--q-scales", type=float, nargs="+", default=[1.0],
+                        help="--dither-sweep: also the LQR with its Q times each of these")
     args = parser.parse_args()
     if args.dither_sweep:
-        dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed, args.profile)
+        dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed, args.profile,
+                     tuple(args.q_scales))
         return 0
     if args.robust_search:
         robust_search(args.robots, args.restarts, args.seed)

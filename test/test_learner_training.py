@@ -220,3 +220,18 @@ def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_ru
     acro.write_text(f"base: {TINY}\npolicy: {{initial: {REPO / 'policies' / 'acrobot.npz'}}}\n")
     with pytest.raises(ConfigError, match="policy.initial"):
         load_train_config(acro, "pendubot")
+
+
+def test_offline_exploration_draws_the_controller_nodes_torques():
+    """Trial 0 offline commands exactly what the controller node's first exploration run commands for the same
+    seed (its own generator trial_rng(seed, 0), not the one x0 was drawn from): offline and session explore alike."""
+    from mcpilco_core.control.exploration import ExplorationController, trial_rng
+
+    config = load_train_config(TINY, "pendubot")
+    learner = Learner(config)
+    record = learner.exploration_trial()
+    u_cmd = np.asarray(record.trajectory.u_cmd)
+    explorer = ExplorationController(config.robot, config.exploration_amplitude, trial_rng(config.seed, 0))
+    expected = np.array([explorer.step(np.zeros(4), k * config.robot.control_period) for k in range(len(u_cmd))])
+    np.testing.assert_array_equal(u_cmd, expected)
+    assert np.all(u_cmd[:, 1] == 0.0) and len(np.unique(u_cmd[:, 0])) > 10

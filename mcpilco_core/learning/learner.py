@@ -608,12 +608,16 @@ class Learner:
         return states
 
     def exploration_trial(self) -> TrialRecord:
+        """Trial 0: random torques. The torques come from a generator of their own, ``trial_rng(seed, 0)``, as
+        the controller node's first exploration run (``exploration.seed`` = seed) draws them: offline and
+        ``mcpilco session`` explore alike. (Before 2026-11-26 night they shared the generator of x0.)"""
         cfg = self.config
         rng, _ = trial_generators(cfg.seed, 0)
         x0 = initial_distribution(cfg, 0, self.pool).sample_numpy(1, rng)[0]
         start = time.perf_counter()
-        traj = run_on_robot(cfg.robot, ExplorationController(cfg.robot, cfg.exploration_amplitude, rng), x0,
-                            cfg.exploration_duration, cfg.robot_profile, trial_noise_seed(cfg.seed, 0))
+        explorer = ExplorationController(cfg.robot, cfg.exploration_amplitude, trial_rng(cfg.seed, 0))
+        traj = run_on_robot(cfg.robot, explorer, x0, cfg.exploration_duration, cfg.robot_profile,
+                            trial_noise_seed(cfg.seed, 0))
         self.add_trajectory(traj)
         return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start}, robot_time=robot_seconds(traj))
 
