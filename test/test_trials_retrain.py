@@ -155,3 +155,43 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     checked = select_policy(out, particles=16, horizon=0.2, check=RobotCheck(1, 0.5, 3, "hardware_proxy"))
     assert list(checked.check_scores) == checked.ranked()[:1] and checked.robot_time == 0.5
     assert checked.best == checked.ranked()[0] and checked.check.profile == "hardware_proxy"
+
+
+def test_retrain_grows_the_particles_pool_trial_by_trial_as_the_offline_learner(repo, tmp_path):
+    """Each trial adds what its window handed over, then the post-disturbance states its policy meets on the
+    learner's model (pool_seeds_per_trial seeds), found by the trial's policy version; a trial whose policy file
+    is not at hand adds only its recorded states, and the log says which."""
+    from dataclasses import dataclass, replace
+
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.learning.learner import load_train_config, post_disturbance_states
+    from mcpilco_core.learning.retrain import policy_files, trial_pool_states
+
+    @dataclass
+    class Trial:                        # what trial_pool_states reads of a recording.TrialData
+        source: str
+        policy_version: str
+        handed: np.ndarray
+
+        def handed_over_states(self) -> np.ndarray:
+            return self.handed
+
+    config = load_train_config(repo / "config" / "train_tiny.yaml", "pendubot")
+    config = replace(config, initial_state=replace(config.initial_state, disturbance_fraction=0.5,
+                                                   disturbance_seeds=(1000, 1001), pool_seeds_per_trial=1))
+    policy = load_policy(repo / "policies" / "pendubot.npz", robot="pendubot")
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / f"policy_000_{policy.version()}.npz").write_bytes((repo / "policies" / "pendubot.npz").read_bytes())
+    handed = np.full((1, 4), 0.25)
+    trials = [Trial("trial_000", "none", np.zeros((0, 4))), Trial("trial_001", policy.version(), handed),
+              Trial("trial_002", "0123456789ab", handed + 1.0)]
+    said: list[str] = []
+    pool = trial_pool_states(config, trials, policy_files(folder), said.append)
+    simulated, _ = post_disturbance_states(build_controller(config.robot, policy), config.model_robot, (1000,))
+    assert len(simulated) > 5
+    np.testing.assert_array_equal(pool, np.concatenate([handed, simulated, handed + 1.0]))
+    assert len(said) == 1 and "trial_002" in said[0] and "0123456789ab" in said[0]
+    without = replace(config, initial_state=replace(config.initial_state, pool_seeds_per_trial=0))
+    np.testing.assert_array_equal(trial_pool_states(without, trials, policy_files(folder)),
+                                  np.concatenate([handed, handed + 1.0]))

@@ -169,6 +169,49 @@ def optimize_policy_from_data(learner, trial_index: int):
     return policy, learner.model.to_arrays(), result, timings
 
 
+def policy_files(folder: Path, extra: Path | None = None) -> dict[str, Path]:
+    """Policy version -> file: the retrain directory's exported policies (``policy_NNN_<version>.npz``) and
+    ``extra`` (a policy given by path, e.g. the shipped one a session started from)."""
+    from ..policy import PolicyError, load_policy
+
+    files = {path.stem.rsplit("_", 1)[-1]: path for path in sorted(folder.glob("policy_*_*.npz"))}
+    if extra is not None:
+        try:
+            files.setdefault(load_policy(extra).version(), Path(extra))
+        except (PolicyError, OSError, ValueError):
+            pass                        # the warm start reports a bad file itself
+    return files
+
+
+def trial_pool_states(config, trials, policies: dict[str, Path], log=LOG.info) -> np.ndarray:
+    """The particles' post-disturbance pool grown trial by trial as the offline learner grows it
+    (``Learner._run_and_evaluate``): the states each trial's disturbance window handed over (as recorded), then,
+    with ``pool_seeds_per_trial`` > 0, the post-disturbance states the trial's policy meets on the learner's own
+    model (the first ``pool_seeds_per_trial`` pool seeds; no robot time). A trial whose policy file is not at hand
+    (its version in ``policies``) adds only its recorded states, and the log says so."""
+    from ..control import build_controller
+    from ..policy import load_policy
+    from .learner import post_disturbance_states
+
+    s = config.initial_state
+    simulate = s.disturbance_fraction > 0 and s.pool_seeds_per_trial > 0
+    parts = [np.zeros((0, 4))]
+    for trial in trials:
+        parts.append(trial.handed_over_states())
+        version = trial.policy_version
+        if not simulate or version in ("", "none", "unknown"):
+            continue
+        path = policies.get(version)
+        if path is None:
+            log(f"{trial.source}: no file of its policy {version} here; its model pool states are left out")
+            continue
+        policy = load_policy(path, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+        states, _ = post_disturbance_states(build_controller(config.robot, policy), config.model_robot,
+                                            s.disturbance_seeds[:s.pool_seeds_per_trial])
+        parts.append(states)
+    return np.concatenate(parts)
+
+
 def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = False,
             policy: Path | None = None, recover: bool = False) -> RetrainResult:
     """Load every trial of ``sessions``, fit + optimise, export a new versioned policy into ``out``."""
@@ -198,7 +241,11 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
                            f"({len(loaded.trials)} trial(s), {len(skipped)} skipped)")
     learner = Learner(config)
     learner.data = data
-    learner.pool = np.concatenate([learner.build_initial_pool(), loaded.handed_over_states()])
+    start = time.perf_counter()
+    learner.pool = np.concatenate([learner.build_initial_pool(),
+                                   trial_pool_states(config, loaded.trials, policy_files(run.policies, policy),
+                                                     run.log)])
+    pool_time = time.perf_counter() - start
     index = run.next_index()
     model_file = run.newest(run.models, "model_*.npz") if warm_start else None
     if model_file is not None:
@@ -210,6 +257,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
         learner.policy = TorchPolicy.from_numpy(start_policy, config.torch_dtype).to(config.device)
     trial_index = max(len(loaded.trials), 1)
     new_policy, model_arrays, opt, timings = optimize_policy_from_data(learner, trial_index)
+    timings["pool"] = pool_time
     np.savez(run.models / f"model_{index:03d}.npz", **model_arrays)
     path = run.export(new_policy, index, retrain=index, trials=len(loaded.trials))
     result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
