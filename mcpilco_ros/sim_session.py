@@ -373,11 +373,10 @@ class SimSession:
 
     # ------------------------------------------------------------------ one trial
     def initial_state(self, k: int) -> np.ndarray:
-        """The learner's initial state of trial k (curriculum box; the post-disturbance pool is not used)."""
-        from mcpilco_core.learning.learner import initial_distribution, trial_generators
+        """Where trial k starts: the offline learner's own rule (``trial_start_state``: the curriculum box)."""
+        from mcpilco_core.learning.learner import trial_start_state
 
-        rng, _ = trial_generators(self.cfg.seed, k)
-        return initial_distribution(self.cfg, k, np.zeros((0, 4))).sample_numpy(1, rng)[0]
+        return trial_start_state(self.cfg, k)
 
     def is_disturbance_trial(self, k: int) -> bool:
         """Trial k begins with a disturbance window (``--disturbance-from``; never trial 0, which explores)."""

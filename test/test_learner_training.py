@@ -235,3 +235,18 @@ def test_offline_exploration_draws_the_controller_nodes_torques():
     expected = np.array([explorer.step(np.zeros(4), k * config.robot.control_period) for k in range(len(u_cmd))])
     np.testing.assert_array_equal(u_cmd, expected)
     assert np.all(u_cmd[:, 1] == 0.0) and len(np.unique(u_cmd[:, 0])) > 10
+
+
+def test_trials_start_from_the_box_never_from_the_pool(tmp_path):
+    """Every trial starts where ``trial_start_state`` says (what ``mcpilco session`` puts the simulated robot at),
+    a draw from the curriculum box, even when all particles start from the post-disturbance pool: a robot cannot
+    be put down at a moving state."""
+    from mcpilco_core.learning.learner import trial_start_state
+
+    config = load_train_config(TINY, "pendubot")
+    config = replace(config, initial_state=replace(config.initial_state, disturbance_fraction=1.0,
+                                                   disturbance_from_trial=1, disturbance_seeds=(1000,)))
+    records = train(replace(config, trials=2), tmp_path / "run")
+    for record in records:
+        np.testing.assert_array_equal(record.x0, trial_start_state(config, record.index))
+    assert np.all(np.abs(records[1].x0[2:]) <= config.initial_state.x_max[2:])   # the box: at most 0.5 rad/s

@@ -6,9 +6,11 @@ the simulated robot through the supervisor (policy at 50 Hz, LQR inside its regi
 damping over the speed threshold), add the data, optionally score it with the 60 s evaluation protocol.
 
 Initial-state distribution of trial k (seed paper's curriculum): ``U(-gamma_k x_M, gamma_k x_M)`` around the
-hanging rest state, ``gamma_k = clip((k - k_m) / K, 0, 1)``; optionally a fraction of the particles (and of
-the trial starts) comes from a pool of states the evaluation protocol hands over after its PID
-disturbances (fast, wound-up), which is what a global policy must master.
+hanging rest state, ``gamma_k = clip((k - k_m) / K, 0, 1)``; optionally a fraction of the particles comes from
+a pool of states the evaluation protocol hands over after its PID disturbances (fast, wound-up), which is what
+a global policy must master. The trial itself starts from the box only (``trial_start_state``: a robot cannot
+be put down at a moving state; disturbance trials reach those states through their window). Before 2026-11-26
+night the offline trial starts also came from the pool.
 
 All randomness derives from ``seed`` and the trial index, so a resumed run equals an uninterrupted one.
 """
@@ -400,6 +402,14 @@ def trial_generators(seed: int, trial: int) -> tuple[np.random.Generator, torch.
     return rng, torch_gen
 
 
+def trial_start_state(config: TrainConfig, trial: int) -> np.ndarray:
+    """Where trial ``trial`` starts on the robot (rad, rad/s): a draw from the curriculum box only, from the
+    trial's own generator. Never from the post-disturbance pool: a robot cannot be put down at a moving state
+    (a disturbance trial's window makes those). ``mcpilco session`` and the offline learner use it alike."""
+    rng, _ = trial_generators(config.seed, trial)
+    return initial_distribution(config, trial, np.zeros((0, 4))).sample_numpy(1, rng)[0]
+
+
 def curriculum_gamma(trial: int, k_m: int, K: int) -> float:
     """gamma_k = clip((k - k_m) / K, 0, 1) of the seed paper."""
     return float(np.clip((trial - k_m) / K, 0.0, 1.0))
@@ -612,8 +622,7 @@ class Learner:
         the controller node's first exploration run (``exploration.seed`` = seed) draws them: offline and
         ``mcpilco session`` explore alike. (Before 2026-11-26 night they shared the generator of x0.)"""
         cfg = self.config
-        rng, _ = trial_generators(cfg.seed, 0)
-        x0 = initial_distribution(cfg, 0, self.pool).sample_numpy(1, rng)[0]
+        x0 = trial_start_state(cfg, 0)
         start = time.perf_counter()
         explorer = ExplorationController(cfg.robot, cfg.exploration_amplitude, trial_rng(cfg.seed, 0))
         traj = run_on_robot(cfg.robot, explorer, x0, cfg.exploration_duration, cfg.robot_profile,
@@ -653,8 +662,8 @@ class Learner:
 
     def learning_trial(self, k: int) -> TrialRecord:
         """Fit, optimise, run, evaluate (trial k >= 1)."""
-        numpy_policy, result, timings, rng, dist = self.fit_and_optimize(k, f"trial {k} policy")
-        record = TrialRecord(k, None, dist.sample_numpy(1, rng)[0], numpy_policy, self.model.to_arrays(), result)
+        numpy_policy, result, timings, _, _ = self.fit_and_optimize(k, f"trial {k} policy")
+        record = TrialRecord(k, None, trial_start_state(self.config, k), numpy_policy, self.model.to_arrays(), result)
         self._run_and_evaluate(record, timings)
         return record
 
