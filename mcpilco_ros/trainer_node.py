@@ -14,7 +14,7 @@
   A DDS service may lose its answer (Fast DDS drops a response when the server has not yet matched the client's
   reader, as with a driver that has just started on a loaded machine) while the window runs. So when no answer
   comes within ``disturb_answer_timeout`` s, the driver's own diagnostics decide: a new window there
-  (``disturbance_windows`` grown, ``disturbance_last`` its JSON) is taken as the answer (``answered_by:
+  (``disturbance_last``, its JSON, changed or ``disturbance_windows`` grown) is taken as the answer (``answered_by:
   diagnostics``); none within 10 times that is a refusal ("no answer"). The call is never repeated (it would
   start a second window).
 - ``~/retrain`` (Trigger), or ``retrain_after_trial``: runs ``python -m mcpilco_core.learning.retrain retrain`` on
@@ -197,8 +197,10 @@ class TrainerNode(ConfiguredNode):
         self.session.save()
         self.disturbance_requests += 1
         node = client.srv_name.strip("/").split("/")[0]
-        before = int(self.driver_status.get(node, {}).get("disturbance_windows", "0") or 0)
-        pending = {"bag": bag, "node": node, "windows_before": before, "since": time.monotonic()}
+        before = self.driver_status.get(node, {})      # may be an earlier process's (a new driver per trial)
+        pending = {"bag": bag, "node": node, "since": time.monotonic(),
+                   "windows_before": int(before.get("disturbance_windows", "0") or 0),
+                   "last_before": before.get("disturbance_last", "")}
         self._pending_disturb = pending
         future = client.call_async(Trigger.Request())
         pending["future"] = future
@@ -226,11 +228,12 @@ class TrainerNode(ConfiguredNode):
         if waited < timeout:
             return
         values = self.driver_status.get(pending["node"], {})
-        if int(values.get("disturbance_windows", "0") or 0) > pending["windows_before"] and \
-                values.get("disturbance_last"):
+        last = values.get("disturbance_last", "")
+        if last and (last != pending["last_before"] or
+                     int(values.get("disturbance_windows", "0") or 0) > pending["windows_before"]):
             self.get_logger().warning(f"{pending['bag']}: no answer from /{pending['node']}/disturb in "
                                       f"{waited:.1f} s; its diagnostics show the window")
-            self._settle_disturbance(pending, True, values["disturbance_last"], "diagnostics")
+            self._settle_disturbance(pending, True, last, "diagnostics")
         elif waited >= 10.0 * timeout:
             self._settle_disturbance(pending, False, f"no answer from /{pending['node']}/disturb within "
                                      f"{waited:.1f} s, and no new window in its diagnostics", "timeout")

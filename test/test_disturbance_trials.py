@@ -258,9 +258,10 @@ class SilentDriver(Node):
     answer comes only when released: what a DDS service does when it drops the response (a just-started server
     on a loaded machine). Runs in its own rig: its callback blocks its executor."""
 
-    def __init__(self, context, show_window: bool) -> None:
+    def __init__(self, context, show_window: bool, earlier: bool = False) -> None:
         super().__init__("sim_driver_node", context=context)
         self.show_window, self.requests, self.release = show_window, 0, threading.Event()
+        self.earlier = earlier      # diagnostics show an earlier trial driver's window: only the JSON changes
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "diagnostics", 10)
         self.create_service(Trigger, "~/disturb", self._on_disturb)
         self.create_timer(0.05, self._publish)
@@ -276,18 +277,22 @@ class SilentDriver(Node):
         shown = self.show_window and self.requests > 0
         answer = json.dumps({"index": 0, "target": [0.1, -0.2], "seed": 9, "torque_limit": 6.0}) if shown else ""
         values = {"disturbance_windows": str(int(shown)), "disturbance_last": answer}
+        if self.earlier and not shown:
+            values = {"disturbance_windows": "1", "disturbance_last": json.dumps({"index": 0, "target": [2.0, 1.0],
+                                                                                  "seed": 8, "torque_limit": 6.0})}
         self.diagnostics_pub.publish(DiagnosticArray(status=[DiagnosticStatus(
             name="sim_driver_node: simulated robot", values=[KeyValue(key=k, value=v) for k, v in values.items()])]))
 
 
-@pytest.mark.parametrize("show_window", [True, False], ids=["window-in-diagnostics", "nothing"])
-def test_trainer_settles_a_lost_disturb_answer_from_the_drivers_diagnostics(tmp_path, show_window):
+@pytest.mark.parametrize("show_window, earlier", [(True, False), (True, True), (False, False), (False, True)],
+                         ids=["window-in-diagnostics", "after-an-earlier-driver", "nothing", "nothing-new"])
+def test_trainer_settles_a_lost_disturb_answer_from_the_drivers_diagnostics(tmp_path, show_window, earlier):
     """A lost ~/disturb answer: the driver's diagnostics name the window (accepted, answered_by diagnostics), or
     after 10 x disturb_answer_timeout a refusal names the silence; the call is made once, a late answer ignored."""
     import yaml
 
     with rig() as r, rig() as d:
-        driver = d.add(SilentDriver(d.context, show_window))
+        driver = d.add(SilentDriver(d.context, show_window, earlier))
         trainer = r.add(make_trainer(r.context, tmp_path, disturb_answer_timeout=0.3))
         r.start()
         d.start()
