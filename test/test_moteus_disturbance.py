@@ -67,6 +67,7 @@ def test_window_torques_both_motors_within_its_limit_then_the_passive_motor_gets
     target = DisturbanceTargets(4).next()
     assert info["index"] == 0 and info["seed"] == 4 and info["torque_limit"] == LIMIT
     np.testing.assert_array_equal(info["target"], target)
+    assert rig.driver.disturbance.summary()["disturbance_last"] == message   # what the trainer reads if lost
     again, why = rig.driver.request_disturbance()
     assert not again and "still running" in why
     windows = rig.driver.disturbance.windows

@@ -128,7 +128,7 @@ def test_retrain_refuses_a_run_or_session_directory_and_names_a_damaged_history(
 
 
 def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_loads_on_its_own(
-        tmp_path, pendubot_config, tiny_config, capsys):
+        tmp_path, pendubot_config, tiny_config, capsys, monkeypatch):
     """``mcpilco select`` on a ``mcpilco session`` output (retrain/ + session/): every retrain's policy on the
     newest model, no robot time; the retrain directory's copy of a training file with ``base`` loads on its own."""
     from mcpilco_core.learning.learner import load_train_config
@@ -144,8 +144,16 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     assert retrain_main(args) == 0 and retrain_main(args + ["--warm-start"]) == 0
     copy = load_train_config(out / "retrain" / "train_config.yaml")
     assert copy.initial_state.disturbance_fraction == 0.5 and copy.robot.robot == "pendubot"
+    from mcpilco_core.learning import retrain as retrain_module
+
+    grown, real = [], retrain_module.trial_pool_states
+    monkeypatch.setattr(retrain_module, "trial_pool_states",
+                        lambda *args, **kwargs: grown.append(args) or real(*args, **kwargs))
     selection = select_policy(out, particles=16, horizon=0.2)
     assert sorted(selection.costs) == [1, 2] and selection.model_trial == 2
+    # the particles start from the pool a retrain grows, over every trial of the session (as the offline run's)
+    assert len(grown) == 1 and len(grown[0][1]) == 2 and set(grown[0][2]) >= {Path(f).stem.rsplit("_", 1)[-1]
+                                                                                  for f in selection.files.values()}
     assert Path(selection.files[selection.best]).parent == out / "retrain" / "policies"
     capsys.readouterr()
     exported = tmp_path / "chosen.npz"

@@ -77,8 +77,8 @@ class DisturbanceWindows:
             self.armed = True
             info = {"index": len(self.windows), "target": [float(v) for v in target], "seed": self.targets.seed,
                     "torque_limit": self.limit}
-            self.windows.append({**info, "cycles": 0, "outcome": "armed", "answer": json.dumps(info)})
-            return True, self.windows[-1]["answer"]
+            self.windows.append({**info, "cycles": 0, "outcome": "armed"})
+            return True, _answer(info)
 
     # ------------------------------------------------------------------ the loop's side
     def step(self, decision: SafetyDecision, q: Sequence[float], dq: Sequence[float]) -> DisturbanceStep | None:
@@ -123,7 +123,15 @@ class DisturbanceWindows:
                 "disturbance_target": [round(float(v), 6) for v in last.get("target", [])],
                 "disturbance_cycles": last.get("cycles", 0), "disturbance_outcome": last.get("outcome", ""),
                 "disturbance_seed": self.targets.seed, "disturbance_torque_limit": self.limit,
-                "disturbance_last": last.get("answer", "")}
+                "disturbance_last": _answer(last) if last else ""}
+
+
+ANSWER_KEYS = ("index", "target", "seed", "torque_limit")
+
+
+def _answer(window: dict) -> str:
+    """The ~/disturb answer of a window: JSON of its index, target, seed and torque limit."""
+    return json.dumps({key: window[key] for key in ANSWER_KEYS})
 
 
 def _clip(value: float, limit: float) -> float:

@@ -165,10 +165,12 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
                           seed: int = 0, check: RobotCheck | None = None) -> Selection:
     """The same for a ``mcpilco session`` output (``retrain/`` policies and models, ``session/`` bags): every
-    retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the post-disturbance
-    states the session's windows handed over plus those the learner simulates on its prior model (no robot time)."""
+    retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the pool a retrain
+    grows (:func:`retrain.trial_pool_states`: the states the session's windows handed over and those each trial's
+    policy meets on the learner's model; no robot time), as the offline run's pool."""
     from ..recording import load_sessions
     from .learner import Learner, load_train_config
+    from .retrain import policy_files, trial_pool_states
 
     root = Path(root)
     config = load_train_config(root / "retrain" / "train_config.yaml")
@@ -179,8 +181,9 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     model = DynamicsModel(config.model_robot, config.gp)
     with np.load(models[-1]) as arrays:
         model.load_arrays({k: arrays[k] for k in arrays.files}, "cpu", torch.float64)
+    trials = load_sessions([root / "session"], config.robot).trials
     pool = np.concatenate([Learner(config).build_initial_pool(),
-                           load_sessions([root / "session"], config.robot).handed_over_states()])
+                           trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
     return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check)
 
