@@ -41,6 +41,11 @@ class ConfigError(ValueError):
         self.problem = problem
         super().__init__(f"{self.source}: field '{field_name}': {problem}")
 
+    def __reduce__(self):
+        """Picklable with its fields, so that an error raised in a worker process (``evaluate_seeds(jobs=2)``)
+        reaches the caller as itself instead of breaking the pool."""
+        return (type(self), (self.source, self.field, self.problem))
+
 
 # --------------------------------------------------------------------------------------------------
 # Field metadata: the schema, written once on the dataclasses

@@ -26,7 +26,9 @@ what its sensors measure. Its noise is seeded by ``protocol.seed``, so a profile
 the controller is not told, it keeps receiving states; ``protocol.publish_during_resets: false`` hides the
 windows from it instead, which is exactly the evaluator's computation). ``duration`` > 0 ends the run after that much
 simulated time: the score is logged and, with ``record_file``, the trajectory (t, x, u, u_cmd, mode codes,
-disturbance windows, score) is written as .npz; ``exit_when_done`` then ends the process.
+disturbance windows, score) is written as .npz. The state at ``duration`` is published as well (the end of the last
+interval: a recorded trial of T s holds T / 0.02 intervals, as the offline learner's); ``exit_when_done`` then ends
+the process, in lockstep once that final state is answered (proof it went out) or after 1 s.
 
 ``~/disturb`` (std_srvs/Trigger) starts one *disturbance window* (a disturbance trial's start, DESIGN.md sections 5
 and 8): from the current step, the protocol's reset PID (``mcpilco_core.evaluation.DisturbanceWindow``: Kp 10,
@@ -72,6 +74,7 @@ from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSp
 NODE_NAME = "sim_driver_node"
 MODES = ("realtime", "lockstep")
 WAITING_REPUBLISH_PERIOD = 0.05  # s: lockstep re-publishes an unanswered state this often
+FINAL_STATE_WAIT = 1.0           # s: lockstep waits this long for the answer to the final state before exiting
 
 SIM_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("mode", "realtime", "realtime (wall-clock timer at 1/control_period) or lockstep (one step per "
@@ -128,6 +131,7 @@ class SimDriverNode(ConfiguredNode):
         self.exit_when_done = bool(own["exit_when_done"])
 
         self.finished = False
+        self._exit_at: float | None = None     # lockstep with exit_when_done: exit by then at the latest
         self.started = self.mode == "realtime"
         self.counters = {"refused_names": 0, "refused_lengths": 0, "refused_nonfinite": 0, "stale_steps": 0,
                          "unmatched_commands": 0, "lockstep_timeouts": 0, "republished": 0, "commands": 0}
@@ -233,7 +237,11 @@ class SimDriverNode(ConfiguredNode):
         and when a message was lost: the controller answers a repeated state with the same torque); only after
         ``lockstep_timeout`` s without an answer step with zero torque (counted)."""
         now = time.monotonic()
-        if self.finished or now - self._last_publish <= WAITING_REPUBLISH_PERIOD:
+        if self.finished:
+            if self._exit_at is not None and now > self._exit_at:
+                self.done.set()          # the final state went out unanswered: exit anyway
+            return
+        if now - self._last_publish <= WAITING_REPUBLISH_PERIOD:
             return
         if self.started and now - self._first_publish > self.lockstep_timeout:
             self.counters["lockstep_timeouts"] += 1
@@ -277,6 +285,10 @@ class SimDriverNode(ConfiguredNode):
         if self.mode == "realtime":
             self._command, self._command_mode, self._command_rx = u, msg.header.frame_id, time.monotonic()
             return
+        if self.finished and stamp_ns(msg) == self._published_ns:
+            if self._exit_at is not None:
+                self.done.set()          # the final state was received: exit now
+            return                       # the answer to the final state moves nothing
         if self.finished or stamp_ns(msg) != self._published_ns:
             self.counters["unmatched_commands"] += 1
             return
@@ -344,8 +356,13 @@ class SimDriverNode(ConfiguredNode):
         else:
             self.get_logger().info(f"done after {self.duration} s")
         self.publish_diagnostics()
+        if not self._hidden_by_reset():
+            self._publish_state()        # the state at duration: the end of the last interval
         if self.exit_when_done:
-            self.done.set()
+            if self.mode == "lockstep":
+                self._exit_at = time.monotonic() + FINAL_STATE_WAIT
+            else:
+                self.done.set()
 
     def _window_armed(self) -> bool:
         """A ~/disturb window was started and is not over."""

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from mcpilco_core.config import ConfigError
+from mcpilco_core.learning.cli import tolerance_arg
 
 from .demo import ROBOTS, node_command, ros_environment, stop_process, write_overrides
 
@@ -137,10 +138,13 @@ class SessionOptions:
     robot_profile: str | None = None          # the simulated robot (None: the training config's robot_profile)
     disturbance_from: int | None = None       # trials >= K begin with a disturbance window (0 = never; None: the
                                               # training config's initial_state.disturbance_trial_from)
-    check: int = 0                            # > 0: the final policy is the best of the model's best `check` retrained
+    check: int = 0                            # > 0: the final policy is chosen by a robot check of the best-ranked `check`
                                               # policies in a robot check (mcpilco select --check; counted robot time)
     check_seconds: float = 20.0               # s of the protocol per checked policy
     check_seed: int = 1000                    # seed of the check's disturbance schedule
+    check_tolerance: float | None = 0.15     # the check stops at the first candidate the robot confirms (None: all)
+    rank: str = "protocol"                    # the choice's ranking: "protocol" on the model's plant, or "cost"
+    protocol_seconds: float = 60.0            # s of the protocol on the model per seed (no robot time)
 
 
 @dataclass
@@ -320,7 +324,8 @@ class SimSession:
         if options.check:                # a bad check fails now, not after the session
             from mcpilco_core.learning.selection import RobotCheck
 
-            RobotCheck(options.check, options.check_seconds, options.check_seed)
+            RobotCheck(options.check, options.check_seconds, options.check_seed, None, options.check_tolerance)
+            self.model_protocol()
         self.out = Path(options.out).resolve()
         if (self.out / "session").exists():
             raise ValueError(f"{self.out}: holds a session already; choose a new --out")
@@ -583,17 +588,29 @@ class SimSession:
         trial's policy stays final) when the selection cannot run, e.g. no post-disturbance states."""
         from mcpilco_core.learning.selection import RobotCheck, select_session_policy, write_selection
 
-        check = RobotCheck(self.o.check, self.o.check_seconds, self.o.check_seed, self.profile_spec)
+        check = RobotCheck(self.o.check, self.o.check_seconds, self.o.check_seed, self.profile_spec,
+                           self.o.check_tolerance)
         try:
-            selection = select_session_policy(self.out, check=check)
+            selection = select_session_policy(self.out, check=check, protocol=self.model_protocol())
         except (ValueError, OSError) as exc:      # the session's data stays; the last trial's policy is final
             self.say(f"selection failed ({exc}); the final policy is the last trial's")
             return None
         write_selection(selection, self.out / "selection.json")
-        self.say(f"selection: model costs {({k: round(v, 3) for k, v in selection.costs.items()})}; robot check "
-                 f"{({k: round(v, 3) for k, v in selection.check_scores.items()})} ({selection.robot_time:g} s of "
+        on_model = {k: round(v, 3) for k, v in selection.protocol_scores.items()}
+        self.say(f"selection: protocol on the model {on_model}; "
+                 f"model costs {({k: round(v, 3) for k, v in selection.costs.items()})}; robot check "
+                 f"{({k: round(v, 3) for k, v in selection.check_scores.items()})} (on the model "
+                 f"{({k: round(v, 3) for k, v in selection.check_predictions.items()})}; {selection.robot_time:g} s of "
                  f"robot time) -> trial {selection.best}")
         return selection
+
+    def model_protocol(self):
+        """The choice's ranking (:class:`ModelProtocol`, or None to rank by the model cost); errors on bad options."""
+        from mcpilco_core.learning.selection import ModelProtocol
+
+        if self.o.rank not in ("protocol", "cost"):
+            raise ValueError(f"--rank must be 'protocol' or 'cost', got {self.o.rank!r}")
+        return ModelProtocol(seconds=self.o.protocol_seconds) if self.o.rank == "protocol" else None
 
     def robot_time(self) -> dict[str, float]:
         """Seconds the robot ran for learning: exploration (trial 0), trials (without their windows), disturbance
@@ -640,6 +657,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "is final (counted robot time); 0 = the last trial's policy")
     parser.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")
     parser.add_argument("--check-seed", type=int, default=1000, help="seed of the check's disturbance schedule")
+    parser.add_argument("--check-tolerance", type=tolerance_arg, default=0.15,
+                        help="the check runs the candidates in rank order and stops at the first whose robot score "
+                             "is at least its score on the model minus this; 'none': all, the best robot score")
+    parser.add_argument("--rank", choices=("protocol", "cost"), default="protocol",
+                        help="with --check: rank the policies by the protocol simulated on the model's plant (no "
+                             "robot time) or by the model cost, before the check")
+    parser.add_argument("--protocol-seconds", type=float, default=60.0,
+                        help="s of the protocol on the model per seed (4 seeds)")
     parser.add_argument("--notes", default="", help="free text for session.yaml")
     parser.add_argument("--quiet", action="store_true")
 
@@ -653,7 +678,9 @@ def _run(args: argparse.Namespace) -> int:
                              trial_timeout=args.trial_timeout, retrain_timeout=args.retrain_timeout,
                              notes=args.notes, quiet=args.quiet, robot_profile=args.robot_profile,
                              disturbance_from=args.disturbance_from, check=args.check,
-                             check_seconds=args.check_seconds, check_seed=args.check_seed)
+                             check_seconds=args.check_seconds, check_seed=args.check_seed,
+                             check_tolerance=args.check_tolerance, rank=args.rank,
+                             protocol_seconds=args.protocol_seconds)
     try:
         run_session(options)
     except (SessionError, ConfigError, ValueError) as exc:

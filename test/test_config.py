@@ -141,3 +141,13 @@ def test_every_range_of_the_metadata_is_enforced_by_the_loader(tmp_path, repo, e
         with pytest.raises(ConfigError) as error:
             load_robot_config(path)
         assert error.value.field == entry.name and f"got {bad!r}" in str(error.value)
+
+
+def test_config_error_survives_pickling():
+    """A worker process's ConfigError reaches the parent whole (evaluate_seeds with jobs > 1)."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ConfigError("a.yaml", "lqr.Q", "must be positive")))
+    assert isinstance(error, ConfigError)
+    assert (error.source, error.field, error.problem) == ("a.yaml", "lqr.Q", "must be positive")
+    assert str(error) == "a.yaml: field 'lqr.Q': must be positive"

@@ -16,8 +16,9 @@ from mcpilco_core.control import build_controller
 from mcpilco_core.evaluation import evaluate_seed
 from mcpilco_core.learning import learner
 from mcpilco_core.learning.learner import load_train_config
+from mcpilco_core.learning.model import DynamicsModel
 from mcpilco_core.learning.runs import train
-from mcpilco_core.learning.selection import RobotCheck, Selection, select_policy
+from mcpilco_core.learning.selection import ModelProtocol, RobotCheck, Selection, select_policy
 from mcpilco_core.policy import load_policy, save_policy
 from mcpilco_core.simulation import SimulatedRobot
 from mcpilco_ros import cli
@@ -50,11 +51,11 @@ def test_every_trial_policy_is_ranked_on_the_newest_model_without_the_robot(run,
 
     monkeypatch.setattr(learner, "run_on_robot", no_robot)
     monkeypatch.setattr(SimulatedRobot, "step", no_robot)
-    first = select_policy(run, particles=50, seed=3)
+    first = select_policy(run, particles=50, seed=3, protocol=None)
     assert sorted(first.costs) == [1, 2, 3] and first.model_trial == 3      # trial 0 explores: no policy
     assert all(np.isfinite(v) and v > 0 for v in first.costs.values())
     assert first.best == min(first.costs, key=first.costs.get)
-    assert select_policy(run, particles=50, seed=3).costs == first.costs       # same particles, same noise
+    assert select_policy(run, particles=50, seed=3, protocol=None).costs == first.costs   # same particles, noise
     # the same policy file in two trials costs exactly the same; a worse one (no torque at all) costs more
     spoiled = tmp_path / "run"
     shutil.copytree(run, spoiled)
@@ -62,20 +63,26 @@ def test_every_trial_policy_is_ranked_on_the_newest_model_without_the_robot(run,
     best = load_policy(run / "trials" / f"trial_{first.best:03d}" / "policy.npz")
     limp = dataclasses.replace(best, weights=np.zeros_like(best.weights))
     save_policy(limp, spoiled / "trials/trial_003/policy.npz")
-    second = select_policy(spoiled, particles=50, seed=3)
+    second = select_policy(spoiled, particles=50, seed=3, protocol=None)
     assert second.costs[2] == second.costs[1] == first.costs[1]
     assert second.costs[3] != first.costs[3]
 
 
 def test_cli_select_writes_the_table_and_exports_the_chosen_policy(run, tmp_path, capsys):
     out = tmp_path / "chosen.npz"
-    assert cli.main(["select", str(run), "--particles", "40", "--export", str(out)]) == 0
+    assert cli.main(["select", str(run), "--particles", "40", "--protocol-seconds", "1", "--export", str(out)]) == 0
     report = json.loads((run / "selection.json").read_text())
     chosen = report["selected_trial"]
     assert report["robot_time_s"] == 0.0 and set(report["costs"]) == {"1", "2", "3"}
+    assert report["ranked_by"] == "protocol on the model" and report["ranking"][0] == chosen
+    assert set(report["protocol_on_model"]["scores"]) == {"1", "2", "3"}
     assert out.read_bytes() == (run / "trials" / f"trial_{chosen:03d}" / "policy.npz").read_bytes()
     assert "<- selected" in capsys.readouterr().out
     assert cli.main(["select", str(run), "--particles", "0"]) == 2
+    assert cli.main(["select", str(run), "--protocol-seconds", "0"]) == 2
+    assert cli.main(["select", str(run), "--particles", "40", "--rank", "cost"]) == 0
+    report = json.loads((run / "selection.json").read_text())
+    assert report["ranked_by"] == "model cost" and report["protocol_on_model"] is None
 
 
 def test_a_run_without_post_disturbance_states_is_refused_clearly(run, tmp_path, capsys):
@@ -88,8 +95,8 @@ def test_a_run_without_post_disturbance_states_is_refused_clearly(run, tmp_path,
 
 
 def test_the_robot_check_runs_the_models_best_few_and_counts_their_time(run):
-    check = RobotCheck(count=2, seconds=1.0, seed=7)
-    selection = select_policy(run, particles=50, seed=3, check=check)
+    check = RobotCheck(count=2, seconds=1.0, seed=7, tolerance=None)       # no confirmation: both run
+    selection = select_policy(run, particles=50, seed=3, check=check, protocol=ModelProtocol((5,), 1.0))
     assert list(selection.check_scores) == selection.ranked()[:2]           # the model's best two, nothing else
     assert selection.robot_time == 2.0 and selection.check.profile == "nominal"   # the run's robot
     assert selection.best == max(selection.check_scores, key=lambda k: (selection.check_scores[k],
@@ -115,19 +122,95 @@ def test_the_robot_check_outranks_the_model_and_ties_go_to_the_model():
     assert selection.best == 2                                                 # a tie: the lower model cost
 
 
-@pytest.mark.parametrize("count, seconds, seed", [(0, 20.0, 0), (2, 0.0, 0), (2, 20.0, -1)])
-def test_a_bad_robot_check_is_refused(count, seconds, seed):
+@pytest.mark.parametrize("count, seconds, seed, tolerance", [(0, 20.0, 0, 0.1), (2, 0.0, 0, 0.1), (2, 20.0, -1, 0.1),
+                                                            (2, 20.0, 0, -0.1), (2, 20.0, 0, float("nan"))])
+def test_a_bad_robot_check_is_refused(count, seconds, seed, tolerance):
     with pytest.raises(ValueError, match="robot check"):
-        RobotCheck(count, seconds, seed)
+        RobotCheck(count, seconds, seed, None, tolerance)
+
+
+def test_the_check_stops_at_the_first_candidate_the_robot_confirms():
+    """In rank order: a candidate whose robot score falls more than the tolerance below its model score is passed
+    over; the first within it is chosen, even over a later one with a higher robot score."""
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 30.0, 2: 20.0, 3: 25.0}, files={1: "a", 2: "b", 3: "c"},
+                          check=RobotCheck(3, tolerance=0.15), protocol=ModelProtocol(),
+                          protocol_scores={1: 0.5, 2: 0.7, 3: 0.6})
+    assert selection.ranked() == [2, 3, 1]
+    selection.check_predictions, selection.check_scores = {2: 0.6}, {2: 0.2}            # fails on the robot
+    assert selection.confirmed is None and selection.best == 2                         # none confirmed yet
+    selection.check_predictions[3], selection.check_scores[3] = 0.6, 0.5                # within 0.15
+    assert selection.confirmed == 3 and selection.best == 3 and selection.robot_time == 40.0
+    selection.check_predictions[1], selection.check_scores[1] = 0.5, 0.9
+    assert selection.best == 3                                                          # ranked after 3
+    selection.check_scores = {2: 0.2, 3: 0.3, 1: 0.25}                                  # none confirmed
+    assert selection.confirmed is None and selection.best == 3                          # the best robot score
+    assert selection.to_dict()["robot_check"]["confirmed"] is None
+
+
+def test_a_confirmed_first_candidate_costs_one_check(run):
+    """Tolerance 1: any robot score confirms, so only the first-ranked runs on the robot; its model prediction is
+    the same check simulated on the model's plant."""
+    selection = select_policy(run, particles=50, seed=3, check=RobotCheck(3, 1.0, 7, tolerance=1.0),
+                              protocol=ModelProtocol((5,), 1.0))
+    first = selection.ranked()[0]
+    assert list(selection.check_scores) == list(selection.check_predictions) == [first]
+    assert selection.best == selection.confirmed == first and selection.robot_time == 1.0
 
 
 def test_cli_select_with_a_robot_check_reports_the_counted_time(run, tmp_path, capsys):
     out = tmp_path / "chosen.npz"
     assert cli.main(["select", str(run), "--particles", "40", "--check", "2", "--check-seconds", "0.5",
-                     "--export", str(out)]) == 0
+                     "--protocol-seconds", "1", "--check-tolerance", "none", "--export", str(out)]) == 0
     report = json.loads((run / "selection.json").read_text())
     assert report["robot_time_s"] == 1.0 and len(report["robot_check"]["scores"]) == 2
     assert str(report["selected_trial"]) in report["robot_check"]["scores"]
     assert out.read_bytes() == Path(report["selected_policy"]).read_bytes()
     assert "= 1 s of robot time" in capsys.readouterr().out
     assert cli.main(["select", str(run), "--check", "2", "--check-seconds", "0"]) == 2
+    assert cli.main(["select", str(run), "--check", "2", "--check-tolerance", "-0.1"]) == 2
+
+
+def test_the_protocol_on_the_model_ranks_without_the_robot_and_never_reads_it(run, tmp_path, monkeypatch):
+    """The protocol runs on the newest model's plant with the run's own controller; a run whose robot differs
+    (hardware_proxy) gets the same scores: nothing of the robot enters. No robot time."""
+    def no_robot(*args, **kwargs):
+        raise AssertionError("selection ran the robot")
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    protocol = ModelProtocol((5, 6), 2.0)
+    selection = select_policy(run, particles=50, seed=3, protocol=protocol)
+    assert sorted(selection.protocol_scores) == [1, 2, 3] and selection.robot_time == 0.0
+    assert selection.ranked() == sorted(selection.costs, key=lambda k: (-selection.protocol_scores[k],
+                                                                         selection.costs[k], -k))
+    assert selection.best == selection.ranked()[0]
+    config = load_train_config(run / "train_config.yaml", robot_config=run / "robot_config.yaml")
+    model = DynamicsModel(config.model_robot, config.gp)
+    with np.load(run / "trials" / "trial_003" / "model.npz") as arrays:
+        model.load_arrays({k: arrays[k] for k in arrays.files})
+    on_model = dataclasses.replace(config.robot, plant=model.config.plant)
+    k = selection.ranked()[-1]
+    controller = build_controller(config.robot, load_policy(selection.files[k]))
+    alone = [evaluate_seed(controller, on_model, s, 2.0, False, "nominal").score for s in (5, 6)]
+    assert selection.protocol_scores[k] == pytest.approx(np.mean(alone), abs=1e-12)
+    elsewhere = tmp_path / "run"
+    shutil.copytree(run, elsewhere)
+    data = yaml.safe_load((elsewhere / "train_config.yaml").read_text())
+    data["robot_profile"] = "hardware_proxy"
+    (elsewhere / "train_config.yaml").write_text(yaml.safe_dump(data))
+    assert select_policy(elsewhere, particles=50, seed=3, protocol=protocol).protocol_scores == \
+        selection.protocol_scores
+    report = selection.to_dict()
+    assert report["protocol_on_model"]["seeds"] == [5, 6] and report["protocol_on_model"]["plant"]["cf"] == \
+        list(model.config.plant.cf)
+
+
+def test_protocol_ranking_orders_by_score_then_cost():
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 30.0, 2: 20.0, 3: 25.0}, files={1: "a", 2: "b", 3: "c"},
+                          protocol=ModelProtocol(), protocol_scores={1: 0.6, 2: 0.4, 3: 0.6})
+    assert selection.ranked() == [3, 1, 2] and selection.best == 3
+
+
+@pytest.mark.parametrize("seeds, seconds", [((), 60.0), ((-1,), 60.0), ((1,), 0.0)])
+def test_a_bad_model_protocol_is_refused(seeds, seconds):
+    with pytest.raises(ValueError, match="protocol on the model"):
+        ModelProtocol(seeds, seconds)

@@ -43,7 +43,13 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
     # trial 0: exploration torques on the shoulder only, within the training config's amplitude (3 N m)
     assert set(explore.mode) == {"explore"} and explore.policy_version == "none"
     assert np.all(explore.u[:, 1] == 0.0) and 2.0 < np.abs(explore.u[:, 0]).max() <= 3.0
-    assert len(explore) == 99 and explore.valid.all()   # 2 s at 20 ms, no state lost
+    assert len(explore) == 100 and explore.valid.all()   # 2 s at 20 ms, the final state too: as offline
+    # the very trial the offline learner runs for the same training config (same torques, same states, same length)
+    from mcpilco_core.learning.learner import Learner, load_train_config
+
+    offline = Learner(load_train_config(TINY)).exploration_trial().trajectory
+    np.testing.assert_allclose(explore.x, offline.extras["x_measured"][::10], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(explore.u[:, 0], offline.u[::10, 0][:len(explore.u)], rtol=0, atol=1e-9)
     # trial 1: the retrained policy, hot-reloaded into the running controller
     retrains = json.loads((out / "retrain" / "retrain.json").read_text())["retrains"]
     assert len(retrains) == 1 and retrains[0]["trials"] == 1

@@ -31,7 +31,8 @@ def test_session_on_a_profile_with_a_disturbance_trial_and_a_robot_check_counts_
     out = tmp_path / "run"
     session = SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=out, trials=2, eval_seeds=(100,),
                                         eval_duration=5.0, quiet=True, robot_profile="hardware_proxy",
-                                        disturbance_from=1, check=1, check_seconds=0.5, check_seed=7))
+                                        disturbance_from=1, check=1, check_seconds=0.5, check_seed=7,
+                                        protocol_seconds=2.0))
     result = session.run()
     assert session.nodes.procs == {} and all(p.poll() is not None for p in session.nodes.started)
     explore, learned = (np.load(out / "trials" / f"trial_{k:03d}.npz") for k in (0, 1))
@@ -63,6 +64,9 @@ def test_session_on_a_profile_with_a_disturbance_trial_and_a_robot_check_counts_
                                                                "selection_check": 0.5, "total": 3.7})
     selection = json.loads((out / "selection.json").read_text())
     assert selection["robot_time_s"] == 0.5 and selection["robot_check"]["robot_profile"] == "hardware_proxy"
+    assert selection["ranked_by"] == "protocol on the model"            # no robot time: a simulation of the model
+    on_model = selection["protocol_on_model"]
+    assert on_model["seconds_each"] == 2.0 and set(on_model["scores"]) == {"1"}
     assert selection["selected_trial"] == result["final_policy_trial"] == 1
     assert result["final_policy_chosen_by"] == "mcpilco select --check 1"
     assert (out / "policy.npz").read_bytes() == Path(rows[1]["policy"]).read_bytes()
@@ -95,17 +99,24 @@ def test_session_refuses_a_bad_profile_and_disturbance_from_before_starting_anyt
     with pytest.raises(ValueError, match="robot check"):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "c", trials=2, check=2,
                                   check_seconds=0.0))
+    with pytest.raises(ValueError, match="protocol on the model"):
+        SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "d", trials=2, check=2,
+                                  protocol_seconds=0.0))
+    with pytest.raises(ValueError, match="--rank"):
+        SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "e", trials=2, check=2,
+                                  rank="best"))
     with pytest.raises(ValueError, match="disturbance-from"):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "b", trials=2,
                                   disturbance_from=-1))
-    assert not any((tmp_path / name).exists() for name in "abc")
+    assert not any((tmp_path / name).exists() for name in "abcde")
 
 
 def test_cli_takes_robot_profile_and_disturbance_from():
     code = ("import sys; from mcpilco_ros.cli import build_parser; "
             "a = build_parser().parse_args(['session', '--sim', '--out', 'x', '--robot-profile', 'perturbed:2', "
-            "'--disturbance-from', '3', '--check', '3']); "
+            "'--disturbance-from', '3', '--check', '3', '--rank', 'cost']); "
             "assert (a.robot_profile, a.disturbance_from, a.check, a.check_seconds) == ('perturbed:2', 3, 3, 20.0), a; "
+            "assert (a.rank, a.protocol_seconds) == ('cost', 60.0), a; "
             "assert 'rclpy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

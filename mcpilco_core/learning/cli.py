@@ -32,8 +32,11 @@ def register(subparsers) -> None:
                                              "optionally check the best few on the robot (counted)",
                               description="Roll every trial's policy out on the run's newest GP model from the "
                                           "post-disturbance starts the run collected (same particles, same noise) "
-                                          "and rank them by the model's cost: choosing the policy to ship without "
-                                          "running the robot. With --check K, the model's best K then run "
+                                          "for its model cost, and run the evaluation protocol on the model's plant "
+                                          "(the prior with the friction identified from the trials); rank them by "
+                                          "that protocol score (--rank protocol, the default) or the model cost "
+                                          "(--rank cost): choosing the policy to ship without running the robot. "
+                                          "With --check K, the best K then run "
                                           "--check-seconds of the evaluation protocol each on the robot (counted "
                                           "robot time) and the one up the longest is chosen. Writes "
                                           "RUN/selection.json.")
@@ -42,11 +45,19 @@ def register(subparsers) -> None:
     p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
     p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
     p.add_argument("--export", type=Path, default=None, help="copy the selected trial's policy here")
+    p.add_argument("--rank", choices=("protocol", "cost"), default="protocol",
+                   help="rank by the protocol simulated on the model's plant (no robot time) or by the model cost")
+    p.add_argument("--protocol-seconds", type=float, default=60.0, help="s of the protocol on the model per seed")
+    p.add_argument("--protocol-seeds", type=int, nargs="+", default=[2000, 2001, 2002, 2003],
+                   help="disturbance schedules of the protocol on the model (keep them apart from those you report)")
     p.add_argument("--check", type=int, default=0, metavar="K",
-                   help="check the model's best K policies on the robot (0 = off; counted robot time)")
+                   help="check the best K ranked policies on the robot (0 = off; counted robot time)")
     p.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")
     p.add_argument("--check-seed", type=int, default=1000,
                    help="seed of the check's disturbance schedule (keep it apart from the seeds you report)")
+    p.add_argument("--check-tolerance", type=tolerance_arg, default=0.15,
+                   help="stop the check at the first candidate whose robot score is at least its score on the model "
+                        "(same seconds, same seed) minus this; 'none': check all K and take the best robot score")
     p.add_argument("--robot-profile", default=None,
                    help="the simulated robot the check runs on (default: the run's robot profile)")
     p.set_defaults(func=_run_select)
@@ -82,27 +93,48 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def tolerance_arg(text: str) -> float | None:
+    """``--check-tolerance``: a number, or 'none' (no confirmation: the best robot score)."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 def _run_select(args: argparse.Namespace) -> int:
     import shutil
 
     from .runs import RunError
-    from .selection import RobotCheck, select_policy, write_selection
+    from .selection import ModelProtocol, RobotCheck, select_policy, write_selection
 
     if args.particles < 1 or (args.horizon is not None and not args.horizon > 0):
         print("error: --particles must be >= 1 and --horizon > 0", file=sys.stderr)
         return 2
     try:
-        check = RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile) if args.check else None
-        selection = select_policy(args.run, args.particles, args.horizon, args.seed, check)
+        check = (RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile, args.check_tolerance)
+                 if args.check else None)
+        protocol = (ModelProtocol(tuple(args.protocol_seeds), args.protocol_seconds) if args.rank == "protocol"
+                    else None)
+        selection = select_policy(args.run, args.particles, args.horizon, args.seed, check, protocol)
     except (RunError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.run}: model of trial {selection.model_trial}, {selection.particles} particles from the run's "
           f"post-disturbance states, {selection.horizon:g} s (no robot time)")
-    for k, value in selection.costs.items():
+    if selection.protocol is not None:
+        print(f"protocol on the model's plant (b {selection.protocol_plant['b']}, cf {selection.protocol_plant['cf']}, "
+              f"Ir {selection.protocol_plant['Ir']:.3g}): {len(selection.protocol.seeds)} x "
+              f"{selection.protocol.seconds:g} s per policy (no robot time)")
+    for k in selection.ranked():
+        on_model = (f"  protocol on model {selection.protocol_scores[k]:.3f}" if k in selection.protocol_scores
+                    else "")
         checked = (f"  robot check {selection.check_scores[k]:.3f}" if k in selection.check_scores else "")
-        print(f"  trial {k:3d}  model cost {value:8.3f}{checked}{'  <- selected' if k == selection.best else ''}")
+        if k in selection.check_predictions:
+            checked += f" (on model {selection.check_predictions[k]:.3f})"
+        print(f"  trial {k:3d}{on_model}  model cost {selection.costs[k]:8.3f}{checked}"
+              f"{'  <- selected' if k == selection.best else ''}")
     if selection.check is not None:
+        confirmed = ("none confirmed: the best robot score" if selection.confirmed is None
+                     else f"trial {selection.confirmed} confirmed")
+        if selection.check.tolerance is not None:
+            print(f"robot check in rank order until robot >= model - {selection.check.tolerance:g}: {confirmed}")
         print(f"robot check: {len(selection.check_scores)} x {selection.check.seconds:g} s of the protocol (seed "
               f"{selection.check.seed}, robot profile {selection.check.profile}) = {selection.robot_time:g} s of "
               "robot time, on top of the run's")

@@ -9,15 +9,26 @@ same noise, and rank the policies by the particle estimate of J (the plain satur
 without the catch model or the ROA term, so that the ranking does not depend on what was being optimised).
 No robot time: the ranking runs nothing on the robot.
 
-The model's ranking is a weak signal when the policies are close in model cost: on the hardware proxy a session's
-model put a relapsed last trial first. A short robot check of the model's top few candidates settles that for a
-little counted robot time: each runs ``seconds`` of the evaluation protocol (the same seeded disturbances for all)
-on the robot, and the one up the longest ships. Those seconds are robot time; ``selection.json`` counts them, and
-they come on top of the run's own (a real robot runs the same check with the controller node and the driver's
-disturbance windows; the simulated one runs it here, on the run's robot profile).
+That particle cost barely separates the trials of a hardware-proxy run (39-42 for policies scoring 0.27-0.66), so
+the ranking now comes first from the *protocol on the model* (:class:`ModelProtocol`): the evaluation protocol
+(disturbances, reset PID, the controller's policy/LQR switching) simulated on the learner's own plant -- the newest
+model's prior, with the friction and rotor inertia ``gp.identify`` fitted to the recorded trials, ideal sensors and
+motors. It is a simulation of the model, never of the robot: no robot time. On five hardware-proxy runs its
+scores followed the proxy's per trial (docs/learner.md, "Choosing by the protocol on the model"); the particle cost
+stays in the table and breaks ties.
 
-    mcpilco select runs/NAME            # table of every trial's model cost, writes runs/NAME/selection.json
-    mcpilco select runs/NAME --check 3  # + the model's best 3 checked for 20 s each on the robot (60 s counted)
+The model's ranking is a weak signal when the policies are close in model cost: on the hardware proxy a session's
+model put a relapsed last trial first. A short robot check of the best-ranked candidates settles that for a
+little counted robot time: each runs ``seconds`` of the evaluation protocol (the same seeded disturbances for all)
+on the robot, in rank order, until the robot confirms what the model predicts for that same check
+(:class:`RobotCheck`; without a tolerance all run and the one up the longest ships). Those seconds are robot time;
+``selection.json`` counts them, and they come on top of the run's own (a real robot runs the same check with the
+controller node and the driver's disturbance windows; the simulated one runs it here, on the run's robot profile).
+
+    mcpilco select runs/NAME             # every trial's protocol score on the model and model cost -> selection.json
+    mcpilco select runs/NAME --rank cost # the particle cost alone (how runs were chosen before)
+    mcpilco select runs/NAME --check 3   # + the best 3, in rank order, 20 s each on the robot until one is
+                                         #   confirmed (20-60 s counted)
     mcpilco select runs/NAME --export runs/NAME/selected_policy.npz
 """
 
@@ -39,24 +50,53 @@ from .torch_policy import TorchPolicy
 
 @dataclass(frozen=True)
 class RobotCheck:
-    """The robot check of the model's best ``count`` candidates: ``seconds`` (s) of the protocol each, disturbance
-    schedule of ``seed`` (one for all, so they meet the same pushes), on ``profile`` (None: the run's robot)."""
+    """The robot check of the best-ranked ``count`` candidates: ``seconds`` (s) of the protocol each, disturbance
+    schedule of ``seed`` (one for all, so they meet the same pushes), on ``profile`` (None: the run's robot).
+
+    ``tolerance`` (fraction of the time up): the check *confirms* the ranking. Candidates run in rank order, each
+    also simulated on the model's plant for the same seconds and seed (no robot time); the first whose robot score
+    is at least its model score minus ``tolerance`` is chosen and the check stops there, so a confirmed first
+    candidate costs ``seconds`` of robot time, not ``count`` x ``seconds``. If none is confirmed: the best robot
+    score. Why: a 20 s check is a noisy measurement (its score on one seed moves by 0.05-0.1 between policies
+    the 240 s protocol on the model ranks 0.02 apart), good at catching a policy that fails on the robot (robot
+    0.0 where the model says 0.45) and poor at ordering good ones. 0.15 is about 1.25 x the spread of the
+    robot-minus-model difference over 55 hardware-proxy policies (docs/learner.md). None: every candidate runs
+    and the best robot score wins (how runs were chosen before)."""
 
     count: int
     seconds: float = 20.0
     seed: int = 1000
     profile: str | None = None
+    tolerance: float | None = 0.15
 
     def __post_init__(self) -> None:
         if self.count < 1 or not self.seconds > 0 or self.seed < 0:
             raise ValueError(f"robot check: need count >= 1, seconds > 0 and seed >= 0 (got {self.count}, "
                              f"{self.seconds}, {self.seed})")
+        if self.tolerance is not None and not self.tolerance >= 0:
+            raise ValueError(f"robot check: the tolerance must be >= 0 or None, got {self.tolerance}")
+
+
+@dataclass(frozen=True)
+class ModelProtocol:
+    """The evaluation protocol simulated on the learner's plant (module docstring): ``seconds`` (s) for each
+    disturbance schedule of ``seeds``; the mean fraction of the time up ranks the policies. No robot time."""
+
+    seeds: tuple[int, ...] = (2000, 2001, 2002, 2003)
+    seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.seeds or any(s < 0 for s in self.seeds) or not self.seconds > 0:
+            raise ValueError(f"protocol on the model: need seeds >= 0 (at least one) and seconds > 0 (got "
+                             f"{list(self.seeds)}, {self.seconds})")
 
 
 @dataclass
 class Selection:
-    """Model costs of every trial's policy (trial index -> J, dimensionless) and the trial chosen: the one up the
-    longest in the robot check when there was one (ties: the lower model cost), else the lowest model cost."""
+    """Every trial's policy scored without the robot -- its protocol score on the model (trial index -> fraction
+    of the time up) when asked, and its model cost (J, dimensionless) -- and the trial chosen: the one up the
+    longest in the robot check when there was one (ties: the better ranked), else the best ranked. Ranked by the
+    protocol score (ties: the lower model cost), or by the model cost alone when no protocol ran."""
 
     run: str
     model_trial: int
@@ -67,17 +107,37 @@ class Selection:
     files: dict[int, str] = field(default_factory=dict)     # trial index -> its policy file
     check: RobotCheck | None = None
     check_scores: dict[int, float] = field(default_factory=dict)   # trial index -> fraction of the check up
+    check_predictions: dict[int, float] = field(default_factory=dict)   # the same check on the model's plant
+    protocol: ModelProtocol | None = None
+    protocol_scores: dict[int, float] = field(default_factory=dict)  # trial index -> mean fraction up on the model
+    protocol_plant: dict[str, list[float] | float] = field(default_factory=dict)   # the model's b, cf, Ir
 
     def ranked(self) -> list[int]:
-        """Trials by model cost, best first (ties: the later trial)."""
+        """Trials best first: by protocol score on the model if it ran, then by model cost (ties: the later
+        trial)."""
+        if self.protocol_scores:
+            return sorted(self.costs, key=lambda k: (-self.protocol_scores[k], self.costs[k], -k))
         return sorted(self.costs, key=lambda k: (self.costs[k], -k))
 
     @property
     def best(self) -> int:
         if self.check_scores:
+            if (confirmed := self.confirmed) is not None:
+                return confirmed
             order = self.ranked()
             return max(self.check_scores, key=lambda k: (self.check_scores[k], -order.index(k)))
         return self.ranked()[0]
+
+    @property
+    def confirmed(self) -> int | None:
+        """The best-ranked checked trial whose robot score confirms its model score (:class:`RobotCheck`), if any."""
+        if self.check is None or self.check.tolerance is None:
+            return None
+        for k in self.ranked():
+            if k in self.check_scores and k in self.check_predictions and \
+                    self.check_scores[k] >= self.check_predictions[k] - self.check.tolerance:
+                return k
+        return None
 
     @property
     def robot_time(self) -> float:
@@ -87,10 +147,17 @@ class Selection:
     def to_dict(self) -> dict:
         check = None if self.check is None else {
             "count": self.check.count, "seconds_each": self.check.seconds, "seed": self.check.seed,
-            "robot_profile": self.check.profile, "scores": {str(k): v for k, v in self.check_scores.items()}}
+            "robot_profile": self.check.profile, "tolerance": self.check.tolerance,
+            "scores": {str(k): v for k, v in self.check_scores.items()},
+            "on_model": {str(k): v for k, v in self.check_predictions.items()}, "confirmed": self.confirmed}
+        protocol = None if self.protocol is None else {
+            "seeds": list(self.protocol.seeds), "seconds_each": self.protocol.seconds, "plant": self.protocol_plant,
+            "scores": {str(k): v for k, v in self.protocol_scores.items()}}
         return {"run": self.run, "model_trial": self.model_trial, "particles": self.particles,
                 "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": self.robot_time,
-                "costs": {str(k): v for k, v in self.costs.items()}, "robot_check": check,
+                "ranked_by": "protocol on the model" if self.protocol_scores else "model cost",
+                "costs": {str(k): v for k, v in self.costs.items()}, "protocol_on_model": protocol,
+                "ranking": self.ranked(), "robot_check": check,
                 "selected_trial": self.best, "selected_policy": self.files.get(self.best, "")}
 
 
@@ -101,9 +168,11 @@ def run_pool(run: RunDirectory, trials: list[int]) -> np.ndarray:
 
 
 def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, Path], config, pool: np.ndarray,
-          particles: int, horizon: float | None, seed: int, check: RobotCheck | None) -> Selection:
-    """Every policy file rolled out on ``model`` from the same particles (drawn from ``pool``) and noise, ranked by
-    the plain saturated cost of the training config; then the robot check, if asked."""
+          particles: int, horizon: float | None, seed: int, check: RobotCheck | None,
+          protocol: ModelProtocol | None) -> Selection:
+    """Every policy file rolled out on ``model`` from the same particles (drawn from ``pool``) and noise, costed by
+    the plain saturated cost of the training config; the protocol on ``model``'s plant, if asked; then the robot
+    check, if asked."""
     if not len(pool):
         raise ValueError(f"{root} holds no post-disturbance states to start the particles from "
                          "(initial_state.disturbance_fraction was 0)")
@@ -121,32 +190,63 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
             states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
         selection.costs[k] = float(trajectory_cost(states, cost))
         selection.files[k] = str(path)
+    if protocol is not None:
+        protocol_on_model(selection, config, model, protocol)
     if check is not None:
-        check_on_robot(selection, config, check)
+        check_on_robot(selection, config, check, model)
     return selection
 
 
-def check_on_robot(selection: Selection, config, check: RobotCheck) -> None:
-    """Run the model's best ``check.count`` policies for ``check.seconds`` of the protocol each on the robot
-    (``check.profile``, or the run's), recording the fraction of the time each was up (counted robot time)."""
+def protocol_on_model(selection: Selection, config, model: DynamicsModel, protocol: ModelProtocol) -> None:
+    """Score every policy of ``selection`` by the protocol simulated on ``model``'s plant (ideal sensors and
+    motors): the controller is the run's own (its LQR designed as the robot config says); only the simulated
+    plant is the model's. No robot time."""
+    from ..control import build_controller
+    from ..evaluation import evaluate_seed
+
+    plant = model.config.plant
+    on_model = replace(config.robot, plant=plant)
+    selection.protocol = protocol
+    selection.protocol_plant = {"b": list(plant.b), "cf": list(plant.cf), "Ir": plant.Ir}
+    for k, path in selection.files.items():
+        policy = load_policy(path, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+        controller = build_controller(config.robot, policy)
+        scores = [evaluate_seed(controller, on_model, s, protocol.seconds, False, "nominal").score
+                  for s in protocol.seeds]
+        selection.protocol_scores[k] = float(np.mean(scores))
+
+
+def check_on_robot(selection: Selection, config, check: RobotCheck, model: DynamicsModel) -> None:
+    """Run the best-ranked ``check.count`` policies for ``check.seconds`` of the protocol each on the robot
+    (``check.profile``, or the run's), recording the fraction of the time each was up (counted robot time); with a
+    tolerance, each is first simulated on ``model``'s plant (no robot time) and the check stops at the first the
+    robot confirms (:class:`RobotCheck`)."""
     from ..control import build_controller
     from ..evaluation import evaluate_seed
 
     profile = check.profile or config.robot_profile
     selection.check = replace(check, profile=profile)
+    on_model = replace(config.robot, plant=model.config.plant)
     for k in selection.ranked()[: check.count]:
         policy = load_policy(selection.files[k], robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+        if check.tolerance is not None:
+            selection.check_predictions[k] = float(evaluate_seed(build_controller(config.robot, policy), on_model,
+                                                                 check.seed, check.seconds, False, "nominal").score)
         result = evaluate_seed(build_controller(config.robot, policy), config.robot, check.seed, check.seconds,
                                False, profile)
         selection.check_scores[k] = float(result.score)
+        if selection.confirmed is not None:
+            break
 
 
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
-                  seed: int = 0, check: RobotCheck | None = None) -> Selection:
-    """Model cost of every trial's policy on the run's newest model (see the module docstring), then the robot
-    check if asked; ``root`` may also be the output of ``mcpilco session`` (:func:`select_session_policy`)."""
+                  seed: int = 0, check: RobotCheck | None = None,
+                  protocol: ModelProtocol | None = ModelProtocol()) -> Selection:
+    """Every trial's policy scored on the run's newest model (see the module docstring: the protocol on the model
+    unless ``protocol`` is None, and the model cost), then the robot check if asked; ``root`` may also be the
+    output of ``mcpilco session`` (:func:`select_session_policy`)."""
     if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
-        return select_session_policy(root, particles, horizon, seed, check)
+        return select_session_policy(root, particles, horizon, seed, check, protocol)
     run = RunDirectory(root)
     config = run.load_config()
     trials = run.completed_trials()
@@ -159,11 +259,13 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
-    return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check)
+    return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check,
+                 protocol)
 
 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
-                          seed: int = 0, check: RobotCheck | None = None) -> Selection:
+                          seed: int = 0, check: RobotCheck | None = None,
+                          protocol: ModelProtocol | None = ModelProtocol()) -> Selection:
     """The same for a ``mcpilco session`` output (``retrain/`` policies and models, ``session/`` bags): every
     retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the pool a retrain
     grows (:func:`retrain.trial_pool_states`: the states the session's windows handed over and those each trial's
@@ -185,7 +287,7 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check)
+    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check, protocol)
 
 
 def write_selection(selection: Selection, path: str | Path) -> None:
