@@ -138,8 +138,8 @@ class SessionOptions:
     robot_profile: str | None = None          # the simulated robot (None: the training config's robot_profile)
     disturbance_from: int | None = None       # trials >= K begin with a disturbance window (0 = never; None: the
                                               # training config's initial_state.disturbance_trial_from)
-    check: int = 0                            # > 0: the final policy is chosen by a robot check of the best-ranked `check`
-                                              # policies in a robot check (mcpilco select --check; counted robot time)
+    check: int = 0                            # > 0: the final policy is chosen by a robot check of the best-ranked
+                                              # `check` policies (mcpilco select --check; counted robot time)
     check_seconds: float = 20.0               # s of the protocol per checked policy
     check_seed: int = 1000                    # seed of the check's disturbance schedule
     check_tolerance: float | None = 0.15     # the check stops at the first candidate the robot confirms (None: all)
