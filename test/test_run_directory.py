@@ -187,6 +187,19 @@ def test_resume_with_a_changed_robot_config_says_what_changed(run_copy, tmp_path
     assert json.loads((run / "run.json").read_text())["robot_fingerprint"]      # untouched
 
 
+def test_a_robot_profile_from_the_command_line_is_kept_in_the_run(tmp_path):
+    """``mcpilco train --robot-profile perturbed:2``: the run's train_config.yaml names that robot, so a later
+    ``mcpilco select --check`` (or a resume) runs on the robot the run learnt on, not the file's."""
+    config = _fast_config(tmp_path / "config")
+    out = tmp_path / "run"
+    assert cli.main(["train", "--robot", "pendubot", "--config", str(config), "--out", str(out), "--trials", "1",
+                     "--robot-profile", "perturbed:2"]) == 0
+    text = (out / "train_config.yaml").read_text()
+    assert yaml.safe_load(text)["robot_profile"] == "perturbed:2" and "robot_profile perturbed:2 from" in text
+    assert RunDirectory(out).load_config().robot_profile == "perturbed:2"
+    assert json.loads((out / "run.json").read_text())["config"]["robot_profile"] == "perturbed:2"
+
+
 def test_a_seed_from_the_command_line_is_kept_in_the_run_and_resume_needs_it(tmp_path, capsys):
     """``mcpilco train --seed N``: the run's train_config.yaml and run.json hold N (self-describing); a --resume
     with another seed is refused naming both, one with the same seed continues."""

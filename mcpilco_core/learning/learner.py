@@ -185,8 +185,9 @@ def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
 
 
 def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
-    """The training file of ``config`` with its ``base`` merged in, the config's own seed (``--seed``) and its
-    initial policy as an absolute path, and notes on what differs from the file as written."""
+    """The training file of ``config`` with its ``base`` merged in, the config's own seed (``--seed``), robot
+    profile (``--robot-profile``) and initial policy as an absolute path, and notes on what differs from the file
+    as written."""
     source = Path(config.source)
     written = read_yaml(source) or {}
     mapping = read_train_mapping(source)
@@ -194,6 +195,14 @@ def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
     if mapping.get("seed", 0) != config.seed:
         mapping["seed"] = config.seed
         notes.append(f"seed {config.seed} from the command line")
+    written_profile = str(mapping.get("robot_profile", "nominal"))
+    candidate = source.parent / written_profile
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        written_profile = str(candidate)
+    if written_profile != config.robot_profile:      # --robot-profile: the run must say which robot it learnt on
+        profile = Path(config.robot_profile)
+        mapping["robot_profile"] = str(profile.resolve()) if profile.is_file() else config.robot_profile
+        notes.append(f"robot_profile {config.robot_profile} from the command line")
     if config.initial_policy:
         mapping["policy"] = {**mapping.get("policy", {}), "initial": config.initial_policy}
     return mapping, notes
