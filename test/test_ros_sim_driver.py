@@ -144,3 +144,24 @@ def test_robot_profile_publishes_what_its_sensors_measure():
         state1 = next(m for m in peer.received if stamp_ns(m) == 2_000_000)
         assert state1.effort[1] == 0.0 and state1.effort[0] != 2.0 and abs(state1.effort[0] - 1.8) < 0.1
         assert tuple(state1.position) == (0.3, 0.0)    # 5 ms delay: still the initial state's positions
+
+
+@pytest.mark.parametrize("answer_final", [True, False])
+def test_lockstep_publishes_the_final_state_and_exits_once_it_is_answered(answer_final, monkeypatch):
+    """duration 4 ms (2 steps): the state at duration goes out too (the end of the last interval); its answer
+    moves nothing and is not an unmatched command, and ends the process; unanswered, it ends after the wait."""
+    from mcpilco_ros import sim_driver_node
+
+    monkeypatch.setattr(sim_driver_node, "FINAL_STATE_WAIT", 30.0 if answer_final else 0.3)   # answered: the
+    # answer alone ends it
+    with rig() as r:
+        sim, peer = connected(r, mode="lockstep", duration=0.004, exit_when_done=True)
+        for k in range(2):
+            wait_for(lambda k=k: any(stamp_ns(m) == k * 2_000_000 for m in peer.received), what=f"state {k}")
+            peer.pub.publish(command((0.5, 0.0), stamp=k * 2_000_000))
+        wait_for(lambda: any(stamp_ns(m) == 4_000_000 for m in peer.received), what="the final state")
+        assert sim.finished and sim.k == 2 and not sim.done.is_set()
+        if answer_final:
+            peer.pub.publish(command((0.5, 0.0), stamp=4_000_000))
+        wait_for(lambda: sim.done.is_set(), timeout=5, what="exit after the final state")
+        assert sim.k == 2 and sim.counters["unmatched_commands"] == 0 and sim.counters["lockstep_timeouts"] == 0

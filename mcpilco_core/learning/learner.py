@@ -195,10 +195,7 @@ def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
     if mapping.get("seed", 0) != config.seed:
         mapping["seed"] = config.seed
         notes.append(f"seed {config.seed} from the command line")
-    written_profile = str(mapping.get("robot_profile", "nominal"))
-    candidate = source.parent / written_profile
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        written_profile = str(candidate)
+    written_profile = profile_beside(str(mapping.get("robot_profile", "nominal")), source.parent)
     if written_profile != config.robot_profile:      # --robot-profile: the run must say which robot it learnt on
         profile = Path(config.robot_profile)
         mapping["robot_profile"] = str(profile.resolve()) if profile.is_file() else config.robot_profile
@@ -295,14 +292,18 @@ def _initial_policy(pol: ConfigReader, path: Path, robot_cfg: RobotConfig) -> st
     return str(file.resolve())
 
 
+def profile_beside(spec: str, directory: Path) -> str:
+    """A training file's ``robot_profile``: a YAML file beside it (relative to ``directory``) as its path, else the
+    spec as written (a name, NAME:SEED, or a path from elsewhere)."""
+    candidate = directory / spec
+    return str(candidate) if candidate.suffix in (".yaml", ".yml") and candidate.is_file() else spec
+
+
 def _robot_profile(r: ConfigReader, path: Path, override: str | None) -> str:
     """The simulated robot (a profile name, NAME:SEED, or a file relative to the training file), checked now."""
     from ..simulation import load_robot_profile
 
-    spec = override if override is not None else r.string("robot_profile", "nominal")
-    candidate = path.parent / spec
-    if override is None and candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        spec = str(candidate)
+    spec = override if override is not None else profile_beside(r.string("robot_profile", "nominal"), path.parent)
     load_robot_profile(spec)          # raises ConfigError naming the profile file and field
     return spec
 

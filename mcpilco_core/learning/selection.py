@@ -59,9 +59,9 @@ class RobotCheck:
     candidate costs ``seconds`` of robot time, not ``count`` x ``seconds``. If none is confirmed: the best robot
     score. Why: a 20 s check is a noisy measurement (its score on one seed moves by 0.05-0.1 between policies
     the 240 s protocol on the model ranks 0.02 apart), good at catching a policy that fails on the robot (robot
-    0.0 where the model says 0.45) and poor at ordering good ones. 0.15 is about 1.25 x the spread of the
-    robot-minus-model difference over 55 hardware-proxy policies (docs/learner.md). None: every candidate runs
-    and the best robot score wins (how runs were chosen before)."""
+    0.0 where the model says 0.45) and poor at ordering good ones. 0.15 is about 2.5 x the spread of a 20 s score
+    on the model itself (0.05-0.06 over 40 seeds; docs/learner.md). None: every candidate runs and the best robot
+    score wins (how runs were chosen before)."""
 
     count: int
     seconds: float = 20.0
@@ -201,18 +201,11 @@ def protocol_on_model(selection: Selection, config, model: DynamicsModel, protoc
     """Score every policy of ``selection`` by the protocol simulated on ``model``'s plant (ideal sensors and
     motors): the controller is the run's own (its LQR designed as the robot config says); only the simulated
     plant is the model's. No robot time."""
-    from ..control import build_controller
-    from ..evaluation import evaluate_seed
-
     plant = model.config.plant
-    on_model = replace(config.robot, plant=plant)
     selection.protocol = protocol
     selection.protocol_plant = {"b": list(plant.b), "cf": list(plant.cf), "Ir": plant.Ir}
     for k, path in selection.files.items():
-        policy = load_policy(path, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
-        controller = build_controller(config.robot, policy)
-        scores = [evaluate_seed(controller, on_model, s, protocol.seconds, False, "nominal").score
-                  for s in protocol.seeds]
+        scores = protocol_scores(config, path, _on_model(config, model), protocol.seeds, protocol.seconds, "nominal")
         selection.protocol_scores[k] = float(np.mean(scores))
 
 
@@ -221,22 +214,34 @@ def check_on_robot(selection: Selection, config, check: RobotCheck, model: Dynam
     (``check.profile``, or the run's), recording the fraction of the time each was up (counted robot time); with a
     tolerance, each is first simulated on ``model``'s plant (no robot time) and the check stops at the first the
     robot confirms (:class:`RobotCheck`)."""
+    profile = check.profile or config.robot_profile
+    selection.check = replace(check, profile=profile)
+    for k in selection.ranked()[: check.count]:
+        path = selection.files[k]
+        if check.tolerance is not None:
+            (selection.check_predictions[k],) = protocol_scores(config, path, _on_model(config, model),
+                                                                (check.seed,), check.seconds, "nominal")
+        (selection.check_scores[k],) = protocol_scores(config, path, config.robot, (check.seed,), check.seconds,
+                                                       profile)
+        if selection.confirmed is not None:
+            break
+
+
+def _on_model(config, model: DynamicsModel):
+    """The run's robot config with the model's plant (the prior, friction and Ir as identified from the trials)."""
+    return replace(config.robot, plant=model.config.plant)
+
+
+def protocol_scores(config, path: str | Path, robot, seeds, seconds: float, profile: str) -> list[float]:
+    """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with the policy in
+    ``path``, over ``seconds`` (s) of the protocol on the simulated robot ``profile`` of the robot config
+    ``robot`` (the run's for the robot; :func:`_on_model`'s for the model)."""
     from ..control import build_controller
     from ..evaluation import evaluate_seed
 
-    profile = check.profile or config.robot_profile
-    selection.check = replace(check, profile=profile)
-    on_model = replace(config.robot, plant=model.config.plant)
-    for k in selection.ranked()[: check.count]:
-        policy = load_policy(selection.files[k], robot=config.robot.robot, torque_limit=config.robot.torque_limit)
-        if check.tolerance is not None:
-            selection.check_predictions[k] = float(evaluate_seed(build_controller(config.robot, policy), on_model,
-                                                                 check.seed, check.seconds, False, "nominal").score)
-        result = evaluate_seed(build_controller(config.robot, policy), config.robot, check.seed, check.seconds,
-                               False, profile)
-        selection.check_scores[k] = float(result.score)
-        if selection.confirmed is not None:
-            break
+    policy = load_policy(path, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+    controller = build_controller(config.robot, policy)
+    return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
 
 
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
