@@ -206,6 +206,54 @@ def test_particle_processes_give_the_same_optimisation_as_one_thread():
     torch.testing.assert_close(histories[1][1], histories[0][1], rtol=1e-10, atol=1e-12)
 
 
+def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_were():
+    """optimizer.snapshot_every: the iterates are those of a run without snapshots (the judge draws nothing from
+    the generator); the policy ends with the parameters of the best-judged snapshot, the warm start included."""
+    from mcpilco_core.learning.optimizer import OptimizerSettings, optimize_policy
+
+    model = _fitted_model()
+
+    def sample(n, generator):
+        return (torch.rand((n, 4), generator=generator, dtype=torch.float64) - 0.5) * 0.4
+
+    def optimise(every, judge):
+        policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+        settings = OptimizerSettings(max_steps_first=7, max_steps=7, snapshot_every=every)
+        result = optimize_policy(policy, model, sample, 5, 4, CostSettings(), settings, 7,
+                                 torch.Generator().manual_seed(1), progress=False, judge=judge)
+        return result, torch.cat([p.detach().flatten() for p in policy.parameters()])
+
+    plain, last = optimise(0, None)
+    calls: list[torch.Tensor] = []
+
+    def best_third(policy):              # a judge that likes the third snapshot (step 4) best
+        calls.append(torch.cat([p.detach().flatten() for p in policy.parameters()]))
+        assert policy.mask is None       # judged with dropout off
+        return -abs(len(calls) - 3)
+
+    judged, kept = optimise(2, best_third)
+    assert judged.cost == plain.cost
+    assert [s for s, _ in judged.snapshots] == [0, 2, 4, 6, 7] and judged.kept_step == 4
+    torch.testing.assert_close(kept, calls[2], rtol=0, atol=0)
+    assert not torch.equal(kept, last)
+    flat, start = optimise(3, lambda policy: 0.0)
+    assert flat.kept_step == 0            # nothing beat the warm start (ties keep the earlier): it stays
+    torch.testing.assert_close(start, calls[0], rtol=0, atol=0)
+    arrays = judged.to_arrays()
+    assert arrays["snapshots"].shape == (5, 2) and int(arrays["kept_step"]) == 4
+
+
+@pytest.mark.parametrize("text,words", [("snapshot_every: -1", "optimizer.snapshot_every"),
+                                        ("snapshot_seeds: []", "optimizer.snapshot_seeds"),
+                                        ("snapshot_seeds: [1, -2]", "optimizer.snapshot_seeds"),
+                                        ("snapshot_seconds: 0", "optimizer.snapshot_seconds")])
+def test_snapshot_settings_are_validated(tmp_path, text, words):
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\noptimizer: {{{text}}}\n")
+    with pytest.raises(ConfigError, match=words):
+        load_train_config(path)
+
+
 def test_particle_splitting_is_refused_on_cuda(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ndevice: cuda\nparallel: processes\n")

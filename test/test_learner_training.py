@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mcpilco_core.config import load_robot_config
 from mcpilco_core.learning.learner import Learner, load_train_config
@@ -133,6 +134,34 @@ def test_sigkill_during_optimisation_then_resume_equals_uninterrupted_run(tmp_pa
     pa, pb = load_policy(full / "policy.npz"), load_policy(cut / "policy.npz")
     for name in ("centers", "log_lengthscales", "weights"):
         np.testing.assert_array_equal(getattr(pa, name), getattr(pb, name))
+
+
+def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_the_trials_policy(tmp_path):
+    """optimizer.snapshot_every: the trial's policy is the snapshot the protocol on the learner's own plant (prior,
+    friction and Ir identified from the trials; not the robot's profile) scored best, and the run records them."""
+    from mcpilco_core.learning.model import DynamicsModel
+    from mcpilco_core.learning.selection import _on_model, protocol_scores
+
+    base = load_train_config(TINY, "pendubot")
+    config = replace(base, robot_profile="hardware_proxy", gp=replace(base.gp, identify=True),
+                     optimizer=replace(base.optimizer, snapshot_every=10, snapshot_seeds=(3000, 3001),
+                                       snapshot_seconds=3.0))
+    records = train(config, tmp_path / "run")
+    opt = records[1].optimization
+    assert [s for s, _ in opt.snapshots] == [0, 10, 20, 30, 40] and opt.kept_step is not None
+    scores = dict(opt.snapshots)
+    assert scores[opt.kept_step] == max(scores.values())
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(records[1].model_arrays, "cpu", torch.float64)
+    assert model.config.plant.cf != config.robot.plant.cf          # the identified plant judged, not the prior
+    path = tmp_path / "run" / "trials" / "trial_001" / "policy.npz"
+    again = protocol_scores(config, path, _on_model(config, model), (3000, 3001), 3.0, "nominal")
+    assert float(np.mean(again)) == pytest.approx(scores[opt.kept_step], abs=1e-12)
+    summary = json.loads((tmp_path / "run" / "trials" / "trial_001" / "summary.json").read_text())
+    assert summary["kept_step"] == opt.kept_step and len(summary["snapshots"]) == 5
+    assert summary["timings_s"]["snapshot_judge"] > 0
+    reloaded = RunDirectory(tmp_path / "run").load_trial(1, "pendubot").optimization
+    assert reloaded.snapshots == opt.snapshots and reloaded.kept_step == opt.kept_step
 
 
 def test_cli_train_and_export(tmp_path):

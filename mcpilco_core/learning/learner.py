@@ -374,9 +374,14 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         max_steps=r.integer("max_steps", d.max_steps, minimum=1),
         smoothing=r.number("smoothing", d.smoothing, positive=True),
         ratio_threshold=r.number("ratio_threshold", d.ratio_threshold, nonnegative=True),
-        patience=r.integer("patience", d.patience, minimum=1), min_steps=r.integer("min_steps", d.min_steps, minimum=0))
+        patience=r.integer("patience", d.patience, minimum=1), min_steps=r.integer("min_steps", d.min_steps, minimum=0),
+        snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
+        snapshot_seeds=tuple(_int_list(r, "snapshot_seeds", list(d.snapshot_seeds))),
+        snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True))
     if not s.dropout < 1.0:
         raise ConfigError(r.source, r.name("dropout"), "must be < 1")
+    if not s.snapshot_seeds or min(s.snapshot_seeds) < 0:
+        raise ConfigError(r.source, r.name("snapshot_seeds"), "must be a non-empty list of seeds >= 0")
     if s.lr_min > s.lr or s.lr_factor >= 1.0 or s.smoothing >= 1.0:
         raise ConfigError(r.source, r.prefix or "optimizer", "need lr_min <= lr, lr_factor < 1, smoothing < 1")
     return s
@@ -572,6 +577,8 @@ class TrialRecord:
                 "optimization_steps": opt.steps if opt else 0,
                 "final_model_cost": opt.cost[-1] if opt and opt.cost else None,
                 "stop_reason": opt.stop_reason if opt else "",
+                "snapshots": [list(s) for s in opt.snapshots] if opt else [],
+                "kept_step": opt.kept_step if opt else None,
                 "skipped_optimization_steps": opt.skipped_steps if opt else 0,
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
@@ -664,11 +671,34 @@ class Learner:
         result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
                                  cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
                                  description=description, particle_threads=cfg.particle_threads,
-                                 particle_processes=cfg.parallel == "processes")
+                                 particle_processes=cfg.parallel == "processes", judge=self.protocol_judge())
         timings["optimization"] = result.wall_time
+        if result.snapshots:
+            timings["snapshot_judge"] = result.judge_time
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})
         return numpy_policy, result, timings, rng, dist
+
+    def protocol_judge(self):
+        """The optimiser's judge of a snapshot (``optimizer.snapshot_every``; None when 0): the mean fraction of
+        the time up over the evaluation protocol's ``snapshot_seeds`` x ``snapshot_seconds`` simulated on the
+        learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
+        ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
+        simulation of the model: no robot time."""
+        from ..control import build_controller
+        from ..evaluation import evaluate_seed
+
+        cfg, opt = self.config, self.config.optimizer
+        if opt.snapshot_every <= 0:
+            return None
+        plant_robot = replace(cfg.robot, plant=self.model.config.plant)
+
+        def judge(policy: TorchPolicy) -> float:
+            controller = build_controller(cfg.robot, policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period))
+            return float(np.mean([evaluate_seed(controller, plant_robot, s, opt.snapshot_seconds, False,
+                                                "nominal").score for s in opt.snapshot_seeds]))
+
+        return judge
 
     def learning_trial(self, k: int) -> TrialRecord:
         """Fit, optimise, run, evaluate (trial k >= 1)."""

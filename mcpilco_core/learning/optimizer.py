@@ -8,6 +8,12 @@ Plateau detection (the smoothed-ratio rule): with the per-step cost change dJ_k 
 exponential moving averages of dJ and dJ^2; the ratio r = |mean(dJ)| / std(dJ) measures how much of the
 cost change is trend rather than noise. r below ``ratio_threshold`` for ``patience`` consecutive steps is
 a plateau. ``max_steps`` caps the number of steps regardless.
+
+Keeping the best iterate (``snapshot_every`` > 0 and a ``judge``): the particle cost the steps minimise ranks a
+hardware-proxy run's policies poorly (docs/learner.md), and the last iterate is sometimes much worse than one met
+on the way, or than the warm start itself. So every ``snapshot_every`` steps, at the start (the warm-start
+policy) and at the end, the policy is handed to ``judge`` (higher is better; the learner's judge simulates the
+evaluation protocol on its own identified plant, no robot time), and the best-judged parameters are the result.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ __all__ = ["OptimizationResult", "OptimizerSettings", "ParticleProcesses", "Part
 class OptimizerSettings:
     """lr / lr_min (Adam learning rates), lr_factor (multiplier at a plateau), dropout (initial p),
     dropout_factor (multiplier of p at a plateau), max_steps_first / max_steps (caps for trial 1 / later),
-    smoothing (EMA factor of the ratio rule), ratio_threshold, patience (steps), min_steps."""
+    smoothing (EMA factor of the ratio rule), ratio_threshold, patience (steps), min_steps, snapshot_every (steps
+    between judged snapshots; 0 = keep the last iterate, as before); snapshot_seeds / snapshot_seconds (s): the
+    protocol runs the learner's judge simulates on its plant per snapshot (other seeds than ``mcpilco select``'s
+    2000-2003, so that the choice among trials does not re-use the noise the snapshots were picked on)."""
 
     lr: float = 0.01
     lr_min: float = 0.0025
@@ -47,11 +56,16 @@ class OptimizerSettings:
     ratio_threshold: float = 0.08
     patience: int = 200
     min_steps: int = 0
+    snapshot_every: int = 0
+    snapshot_seeds: tuple[int, ...] = (3000, 3001, 3002, 3003)
+    snapshot_seconds: float = 60.0
 
 
 @dataclass
 class OptimizationResult:
-    """Per-step history: cost (J at the step), lr, dropout p; steps run; wall time (s); why it stopped."""
+    """Per-step history: cost (J at the step), lr, dropout p; steps run; wall time (s); why it stopped; the judged
+    snapshots (step, judge's score; step 0 = the starting policy) and the step whose parameters were kept (None:
+    the last)."""
 
     cost: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
@@ -60,14 +74,46 @@ class OptimizationResult:
     wall_time: float = 0.0
     stop_reason: str = ""
     skipped_steps: int = 0
+    snapshots: list[tuple[int, float]] = field(default_factory=list)
+    kept_step: int | None = None
+    judge_time: float = 0.0
 
     @property
     def steps(self) -> int:
         return len(self.cost)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {"cost": np.asarray(self.cost), "lr": np.asarray(self.lr), "dropout": np.asarray(self.dropout),
-                "ratio": np.asarray(self.ratio)}
+        arrays = {"cost": np.asarray(self.cost), "lr": np.asarray(self.lr), "dropout": np.asarray(self.dropout),
+                  "ratio": np.asarray(self.ratio)}
+        if self.snapshots:
+            arrays["snapshots"] = np.asarray(self.snapshots, dtype=np.float64).reshape(-1, 2)
+            arrays["kept_step"] = np.asarray(self.kept_step if self.kept_step is not None else -1)
+        return arrays
+
+
+class BestSnapshot:
+    """The best-judged parameters met so far (:func:`optimize_policy`); ``judge`` maps the policy to a score
+    (higher is better) and is called with dropout off."""
+
+    def __init__(self, policy: TorchPolicy, judge: Callable[[TorchPolicy], float], result: OptimizationResult) -> None:
+        self.policy, self.judge, self.result = policy, judge, result
+        self.score = -math.inf
+        self.state: dict[str, torch.Tensor] | None = None
+
+    def consider(self, step: int) -> None:
+        start = time.perf_counter()
+        self.policy.set_dropout(0.0, None)
+        with torch.no_grad():
+            score = float(self.judge(self.policy))
+        self.result.snapshots.append((step, score))
+        if score > self.score:          # ties keep the earlier snapshot
+            self.score, self.result.kept_step = score, step
+            self.state = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        self.result.judge_time += time.perf_counter() - start
+
+    def restore(self) -> None:
+        if self.state is not None:
+            self.policy.load_state_dict(self.state)
 
 
 class PlateauMonitor:
@@ -112,13 +158,15 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                     steps_horizon: int, cost: CostSettings, settings: OptimizerSettings,
                     max_steps: int, generator: torch.Generator, progress: bool = True,
                     description: str = "policy", particle_threads: int = 1,
-                    particle_processes: bool = False) -> OptimizationResult:
+                    particle_processes: bool = False,
+                    judge: Callable[[TorchPolicy], float] | None = None) -> OptimizationResult:
     """Minimise the particle estimate of J over the policy parameters in place; return the history.
 
     sample_x0(n, generator) draws the initial particles (n, 4) on the rollout device and dtype.
     ``particle_threads`` > 1 splits each step's particles between that many threads (:class:`ParticleThreads`),
     or with ``particle_processes`` between this thread and worker processes (:class:`ParticleProcesses`); the
-    random draws (initial states, noise) are the same as with one thread.
+    random draws (initial states, noise) are the same as with one thread. With ``settings.snapshot_every`` > 0 and
+    a ``judge``, the policy ends with the best-judged snapshot's parameters (module docstring).
     """
     opt = torch.optim.Adam(policy.parameters(), lr=settings.lr)
     monitor = PlateauMonitor(settings.smoothing, settings.ratio_threshold, settings.patience)
@@ -130,6 +178,9 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
         threads = (ParticleProcesses(model, particle_threads) if particle_processes
                    else ParticleThreads(particle_threads))
     start = time.perf_counter()
+    best = BestSnapshot(policy, judge, result) if judge is not None and settings.snapshot_every > 0 else None
+    if best is not None:
+        best.consider(0)
     bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
     try:
         for step in range(max_steps):
@@ -167,6 +218,8 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
             result.ratio.append(monitor.ratio)
             bar.update(1)
             bar.set_postfix(cost=f"{value:.2f}", lr=f"{lr:.4g}")
+            if best is not None and result.steps % settings.snapshot_every == 0:
+                best.consider(result.steps)
             if plateau and step + 1 >= settings.min_steps:
                 if lr <= settings.lr_min * (1 + 1e-9):
                     result.stop_reason = "plateau at the minimum learning rate"
@@ -177,6 +230,10 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                     group["lr"] = lr
         else:
             result.stop_reason = "step cap"
+        if best is not None:
+            if not result.snapshots or result.snapshots[-1][0] != result.steps:
+                best.consider(result.steps)
+            best.restore()
     finally:
         bar.close()
         policy.set_dropout(0.0, None)

@@ -244,6 +244,10 @@ class RunDirectory:
                     record.optimization = OptimizationResult(cost=o["cost"].tolist(), lr=o["lr"].tolist(),
                                                              dropout=o["dropout"].tolist(), ratio=o["ratio"].tolist(),
                                                              wall_time=float(o["wall_time"]))
+                    if "snapshots" in o.files:
+                        record.optimization.snapshots = [(int(a), float(b)) for a, b in o["snapshots"]]
+                        kept = int(o["kept_step"])
+                        record.optimization.kept_step = kept if kept >= 0 else None
         with _reading(path / "disturbance_states.npy"):
             record.disturbance_states = np.load(path / "disturbance_states.npy")
         return record
