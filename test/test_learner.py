@@ -246,7 +246,9 @@ def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_w
 @pytest.mark.parametrize("text,words", [("snapshot_every: -1", "optimizer.snapshot_every"),
                                         ("snapshot_seeds: []", "optimizer.snapshot_seeds"),
                                         ("snapshot_seeds: [1, -2]", "optimizer.snapshot_seeds"),
-                                        ("snapshot_seconds: 0", "optimizer.snapshot_seconds")])
+                                        ("snapshot_seconds: 0", "optimizer.snapshot_seconds"),
+                                        ("starts_first: 0", "optimizer.starts_first"),
+                                        ("starts_first: 2", "optimizer.starts_first.*snapshot_every")])
 def test_snapshot_settings_are_validated(tmp_path, text, words):
     path = tmp_path / "train.yaml"
     path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\noptimizer: {{{text}}}\n")

@@ -164,6 +164,23 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     assert reloaded.snapshots == opt.snapshots and reloaded.kept_step == opt.kept_step
 
 
+def test_several_first_starts_keep_the_best_judged_one_and_later_trials_warm_start_from_it(tmp_path):
+    """optimizer.starts_first: the first optimisation runs from that many random policies (start 0 = the trial's
+    own generator, as with one start) and keeps the one whose best snapshot scored highest."""
+    base = load_train_config(TINY, "pendubot")
+    snap = replace(base.optimizer, snapshot_every=20, snapshot_seeds=(3000,), snapshot_seconds=3.0)
+    config = replace(base, trials=3, optimizer=replace(snap, starts_first=3))
+    records = train(config, tmp_path / "run")
+    first = records[1].optimization
+    assert len(first.start_scores) == 3 and first.kept_score == max(first.start_scores)
+    assert records[2].optimization.start_scores == []             # later trials warm-start: one start
+    summary = json.loads((tmp_path / "run" / "trials" / "trial_001" / "summary.json").read_text())
+    assert summary["start_scores"] == first.start_scores
+    assert summary["timings_s"]["optimization"] > 0
+    one = train(replace(base, trials=2, optimizer=snap), tmp_path / "one")[1].optimization
+    assert one.start_scores == [] and first.start_scores[0] == one.kept_score   # start 0 is the one-start run
+
+
 def test_cli_train_and_export(tmp_path):
     out = tmp_path / "cli_run"
     assert cli.main(["train", "--robot", "pendubot", "--config", str(TINY), "--out", str(out)]) == 0

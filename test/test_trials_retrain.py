@@ -203,3 +203,22 @@ def test_retrain_grows_the_particles_pool_trial_by_trial_as_the_offline_learner(
     without = replace(config, initial_state=replace(config.initial_state, pool_seeds_per_trial=0))
     np.testing.assert_array_equal(trial_pool_states(without, trials, policy_files(folder)),
                                   np.concatenate([handed, handed + 1.0]))
+
+
+def test_retrain_keeps_the_best_judged_snapshot_and_says_so(tmp_path, pendubot_config, tiny_config, capsys):
+    """optimizer.snapshot_every in a retrain (what a session runs): the exported policy is the best-judged snapshot
+    and retrain.json records every snapshot's score."""
+    data = yaml.safe_load(tiny_config.read_text())
+    data["optimizer"].update(snapshot_every=2, snapshot_seeds=[3000], snapshot_seconds=2.0)
+    tiny_config.write_text(yaml.safe_dump(data))
+    session = simulated_session(tmp_path / "s", pendubot_config)
+    out = tmp_path / "run"
+    assert retrain_main(["retrain", "--sessions", str(session.root), "--out", str(out), "--config",
+                         str(tiny_config), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    steps = [step for step, _ in result["snapshots"]]
+    assert steps == [0, 2, 4, 5] and result["kept_step"] in steps
+    assert dict(result["snapshots"])[result["kept_step"]] == max(score for _, score in result["snapshots"])
+    assert result["timings_s"]["snapshot_judge"] > 0
+    history = json.loads((out / "retrain.json").read_text())
+    assert history["retrains"][0]["kept_step"] == result["kept_step"]

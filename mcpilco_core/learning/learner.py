@@ -377,7 +377,11 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         patience=r.integer("patience", d.patience, minimum=1), min_steps=r.integer("min_steps", d.min_steps, minimum=0),
         snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
         snapshot_seeds=tuple(_int_list(r, "snapshot_seeds", list(d.snapshot_seeds))),
-        snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True))
+        snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True),
+        starts_first=r.integer("starts_first", d.starts_first, minimum=1))
+    if s.starts_first > 1 and s.snapshot_every <= 0:
+        raise ConfigError(r.source, r.name("starts_first"), "more than one start needs snapshot_every > 0 (the "
+                          "starts are compared by their best snapshot)")
     if not s.dropout < 1.0:
         raise ConfigError(r.source, r.name("dropout"), "must be < 1")
     if not s.snapshot_seeds or min(s.snapshot_seeds) < 0:
@@ -415,6 +419,13 @@ def trial_generators(seed: int, trial: int) -> tuple[np.random.Generator, torch.
     rng = trial_rng(seed, trial)                      # = default_rng(sequence), shared with the controller node
     torch_gen = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     return rng, torch_gen
+
+
+def start_generator(seed: int, trial: int, start: int) -> torch.Generator:
+    """The torch generator of the extra random start ``start`` >= 1 (``optimizer.starts_first``) of trial ``trial``:
+    its own stream, from (seed, trial, start) only; start 0 uses the trial's generator (:func:`trial_generators`)."""
+    sequence = np.random.SeedSequence([seed, trial, start])
+    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
 
 
 def trial_start_state(config: TrainConfig, trial: int) -> np.ndarray:
@@ -579,6 +590,7 @@ class TrialRecord:
                 "stop_reason": opt.stop_reason if opt else "",
                 "snapshots": [list(s) for s in opt.snapshots] if opt else [],
                 "kept_step": opt.kept_step if opt else None,
+                "start_scores": list(opt.start_scores) if opt else [],
                 "skipped_optimization_steps": opt.skipped_steps if opt else 0,
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
@@ -663,18 +675,32 @@ class Learner:
         if self.policy is None and cfg.initial_policy:
             initial = load_policy(cfg.initial_policy, robot=cfg.robot.robot, torque_limit=cfg.robot.torque_limit)
             self.policy = TorchPolicy.from_numpy(initial, cfg.torch_dtype).to(cfg.device)
-        if self.policy is None:
-            self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, gen, cfg.center_dq_range,
-                                             cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)
+        starts = cfg.optimizer.starts_first if self.policy is None else 1
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
-        result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles,
-                                 cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, gen, cfg.progress,
-                                 description=description, particle_threads=cfg.particle_threads,
-                                 particle_processes=cfg.parallel == "processes", judge=self.protocol_judge())
-        timings["optimization"] = result.wall_time
+        judge = self.protocol_judge()
+        best: tuple[TorchPolicy, OptimizationResult] | None = None
+        start_scores, wall, judged = [], 0.0, 0.0
+        for i in range(starts):
+            generator = gen if i == 0 else start_generator(cfg.seed, k, i)
+            if self.policy is None or i > 0:
+                self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, generator, cfg.center_dq_range,
+                                                 cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)
+            label = description if starts == 1 else f"{description}, start {i + 1}/{starts}"
+            result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype),
+                                     cfg.particles, cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, generator,
+                                     cfg.progress, description=label, particle_threads=cfg.particle_threads,
+                                     particle_processes=cfg.parallel == "processes", judge=judge)
+            start_scores.append(result.kept_score)
+            wall, judged = wall + result.wall_time, judged + result.judge_time
+            if best is None or result.kept_score > best[1].kept_score:     # ties keep the earlier start
+                best = (self.policy, result)
+        self.policy, result = best
+        if starts > 1:
+            result.start_scores = start_scores
+        timings["optimization"] = wall                     # every start's, judging included
         if result.snapshots:
-            timings["snapshot_judge"] = result.judge_time
+            timings["snapshot_judge"] = judged
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})
         return numpy_policy, result, timings, rng, dist

@@ -43,7 +43,10 @@ class OptimizerSettings:
     smoothing (EMA factor of the ratio rule), ratio_threshold, patience (steps), min_steps, snapshot_every (steps
     between judged snapshots; 0 = keep the last iterate, as before); snapshot_seeds / snapshot_seconds (s): the
     protocol runs the learner's judge simulates on its plant per snapshot (other seeds than ``mcpilco select``'s
-    2000-2003, so that the choice among trials does not re-use the noise the snapshots were picked on)."""
+    2000-2003, so that the choice among trials does not re-use the noise the snapshots were picked on);
+    starts_first: random starting policies optimised in the first optimisation of a run (the learner keeps the one
+    whose best snapshot the judge scores highest; > 1 needs snapshot_every > 0). Why: the first policy decides the
+    basin the warm-started trials stay in (docs/learner.md)."""
 
     lr: float = 0.01
     lr_min: float = 0.0025
@@ -59,6 +62,7 @@ class OptimizerSettings:
     snapshot_every: int = 0
     snapshot_seeds: tuple[int, ...] = (3000, 3001, 3002, 3003)
     snapshot_seconds: float = 60.0
+    starts_first: int = 1
 
 
 @dataclass
@@ -77,6 +81,7 @@ class OptimizationResult:
     snapshots: list[tuple[int, float]] = field(default_factory=list)
     kept_step: int | None = None
     judge_time: float = 0.0
+    start_scores: list[float] = field(default_factory=list)   # starts_first > 1: each start's best snapshot score
 
     @property
     def steps(self) -> int:
@@ -88,7 +93,14 @@ class OptimizationResult:
         if self.snapshots:
             arrays["snapshots"] = np.asarray(self.snapshots, dtype=np.float64).reshape(-1, 2)
             arrays["kept_step"] = np.asarray(self.kept_step if self.kept_step is not None else -1)
+        if self.start_scores:
+            arrays["start_scores"] = np.asarray(self.start_scores, dtype=np.float64)
         return arrays
+
+    @property
+    def kept_score(self) -> float:
+        """The judge's score of the kept snapshot (-inf without snapshots)."""
+        return max((score for _, score in self.snapshots), default=-math.inf)
 
 
 class BestSnapshot:

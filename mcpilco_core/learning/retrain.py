@@ -53,12 +53,17 @@ class RetrainResult:
     timings: dict = field(default_factory=dict)
     final_cost: float | None = None
     notes: dict[str, list[str]] = field(default_factory=dict)   # bag -> what was dropped from it
+    snapshots: list[tuple[int, float]] = field(default_factory=list)   # optimizer.snapshot_every: (step, score)
+    kept_step: int | None = None                                        # the snapshot exported (None: the last)
+    start_scores: list[float] = field(default_factory=list)             # optimizer.starts_first > 1: each start's
 
     def to_dict(self) -> dict:
         return {"index": self.index, "policy": str(self.policy_path), "policy_version": self.policy_version,
                 "trials": self.trials, "transitions": self.transitions, "skipped": self.skipped,
                 "notes": self.notes,
-                "timings_s": self.timings, "final_model_cost": self.final_cost}
+                "timings_s": self.timings, "final_model_cost": self.final_cost,
+                "snapshots": [list(s) for s in self.snapshots], "kept_step": self.kept_step,
+                "start_scores": self.start_scores}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,7 +266,8 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
     np.savez(run.models / f"model_{index:03d}.npz", **model_arrays)
     path = run.export(new_policy, index, retrain=index, trials=len(loaded.trials))
     result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
-                           opt.cost[-1] if opt.cost else None, notes)
+                           opt.cost[-1] if opt.cost else None, notes, list(opt.snapshots), opt.kept_step,
+                           list(opt.start_scores))
     run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
                                             "warm_start_model": str(model_file or ""),
                                             "warm_start_policy": str(policy_file or ""),

@@ -248,6 +248,8 @@ class RunDirectory:
                         record.optimization.snapshots = [(int(a), float(b)) for a, b in o["snapshots"]]
                         kept = int(o["kept_step"])
                         record.optimization.kept_step = kept if kept >= 0 else None
+                    if "start_scores" in o.files:
+                        record.optimization.start_scores = o["start_scores"].tolist()
         with _reading(path / "disturbance_states.npy"):
             record.disturbance_states = np.load(path / "disturbance_states.npy")
         return record
