@@ -263,12 +263,22 @@ class RunDirectory:
 
         fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
         offset = 0
+        ax_judge = None
         for r in records:
             if r.optimization is not None and r.optimization.cost:
                 steps = np.arange(offset, offset + r.optimization.steps)
                 ax_cost.plot(steps, r.optimization.cost, lw=0.8, label=f"trial {r.index}")
+                if r.optimization.snapshots:     # optimizer.snapshot_every: the judge's scores, the kept one starred
+                    ax_judge = ax_judge or ax_cost.twinx()
+                    at, score = np.asarray(r.optimization.snapshots, dtype=float).T
+                    ax_judge.plot(offset + at, score, "k.-", lw=0.5, ms=3)
+                    kept = dict(r.optimization.snapshots).get(r.optimization.kept_step)
+                    if kept is not None:
+                        ax_judge.plot(offset + r.optimization.kept_step, kept, "r*", ms=8)
                 offset += r.optimization.steps
         ax_cost.set(xlabel="optimisation step (all trials)", ylabel="particle cost J", title="policy optimisation")
+        if ax_judge is not None:
+            ax_judge.set(ylabel="snapshot: protocol on the model (black; kept: red star)", ylim=(0, 1))
         # trial k's policy learnt from trials 0..k-1: it sits at the robot seconds spent before it ran
         learnt_from = np.cumsum([0.0] + [r.robot_time for r in records])[:-1]
         scored = [(learnt_from[i], float(r.eval_scores.mean())) for i, r in enumerate(records) if r.eval_scores.size]
