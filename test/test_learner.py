@@ -216,9 +216,10 @@ def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_w
     def sample(n, generator):
         return (torch.rand((n, 4), generator=generator, dtype=torch.float64) - 0.5) * 0.4
 
-    def optimise(every, judge):
+    def optimise(every, judge, snapshot_start=True):
         policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
-        settings = OptimizerSettings(max_steps_first=7, max_steps=7, snapshot_every=every)
+        settings = OptimizerSettings(max_steps_first=7, max_steps=7, snapshot_every=every,
+                                     snapshot_start=snapshot_start)
         result = optimize_policy(policy, model, sample, 5, 4, CostSettings(), settings, 7,
                                  torch.Generator().manual_seed(1), progress=False, judge=judge)
         return result, torch.cat([p.detach().flatten() for p in policy.parameters()])
@@ -239,6 +240,9 @@ def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_w
     flat, start = optimise(3, lambda policy: 0.0)
     assert flat.kept_step == 0            # nothing beat the warm start (ties keep the earlier): it stays
     torch.testing.assert_close(start, calls[0], rtol=0, atol=0)
+    own, params = optimise(3, lambda policy: 0.0, snapshot_start=False)
+    assert [s for s, _ in own.snapshots] == [3, 6, 7] and own.kept_step == 3    # the start is not a candidate
+    assert not torch.equal(params, calls[0])
     arrays = judged.to_arrays()
     assert arrays["snapshots"].shape == (5, 2) and int(arrays["kept_step"]) == 4
 

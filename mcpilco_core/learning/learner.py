@@ -378,7 +378,8 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
         snapshot_seeds=tuple(_int_list(r, "snapshot_seeds", list(d.snapshot_seeds))),
         snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True),
-        starts_first=r.integer("starts_first", d.starts_first, minimum=1))
+        starts_first=r.integer("starts_first", d.starts_first, minimum=1),
+        snapshot_start=r.boolean("snapshot_start", d.snapshot_start))
     if s.starts_first > 1 and s.snapshot_every <= 0:
         raise ConfigError(r.source, r.name("starts_first"), "more than one start needs snapshot_every > 0 (the "
                           "starts are compared by their best snapshot)")

@@ -46,7 +46,9 @@ class OptimizerSettings:
     2000-2003, so that the choice among trials does not re-use the noise the snapshots were picked on);
     starts_first: random starting policies optimised in the first optimisation of a run (the learner keeps the one
     whose best snapshot the judge scores highest; > 1 needs snapshot_every > 0). Why: the first policy decides the
-    basin the warm-started trials stay in (docs/learner.md)."""
+    basin the warm-started trials stay in (docs/learner.md); snapshot_start: the starting policy is a snapshot too
+    (True: a trial may keep its predecessor's policy when no step beats it; False: every trial ends with a policy of
+    its own, the best of its steps)."""
 
     lr: float = 0.01
     lr_min: float = 0.0025
@@ -63,6 +65,7 @@ class OptimizerSettings:
     snapshot_seeds: tuple[int, ...] = (3000, 3001, 3002, 3003)
     snapshot_seconds: float = 60.0
     starts_first: int = 1
+    snapshot_start: bool = True
 
 
 @dataclass
@@ -191,7 +194,7 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                    else ParticleThreads(particle_threads))
     start = time.perf_counter()
     best = BestSnapshot(policy, judge, result) if judge is not None and settings.snapshot_every > 0 else None
-    if best is not None:
+    if best is not None and settings.snapshot_start:
         best.consider(0)
     bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
     try:
