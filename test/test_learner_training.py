@@ -140,7 +140,7 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     """optimizer.snapshot_every: the trial's policy is the snapshot the protocol on the learner's own plant (prior,
     friction and Ir identified from the trials; not the robot's profile) scored best, and the run records them."""
     from mcpilco_core.learning.model import DynamicsModel
-    from mcpilco_core.learning.selection import _on_model, protocol_scores
+    from mcpilco_core.learning.selection import on_model, protocol_scores
 
     base = load_train_config(TINY, "pendubot")
     config = replace(base, robot_profile="hardware_proxy", gp=replace(base.gp, identify=True),
@@ -155,7 +155,7 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     model.load_arrays(records[1].model_arrays, "cpu", torch.float64)
     assert model.config.plant.cf != config.robot.plant.cf          # the identified plant judged, not the prior
     path = tmp_path / "run" / "trials" / "trial_001" / "policy.npz"
-    again = protocol_scores(config, path, _on_model(config, model), (3000, 3001), 3.0, "nominal")
+    again = protocol_scores(config, path, on_model(config, model), (3000, 3001), 3.0, "nominal")
     assert float(np.mean(again)) == pytest.approx(scores[opt.kept_step], abs=1e-12)
     summary = json.loads((tmp_path / "run" / "trials" / "trial_001" / "summary.json").read_text())
     assert summary["kept_step"] == opt.kept_step and len(summary["snapshots"]) == 5

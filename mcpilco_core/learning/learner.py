@@ -680,28 +680,24 @@ class Learner:
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         judge = self.protocol_judge()
-        best: tuple[TorchPolicy, OptimizationResult] | None = None
-        start_scores, wall, judged = [], 0.0, 0.0
+        runs: list[tuple[TorchPolicy, OptimizationResult]] = []
         for i in range(starts):
             generator = gen if i == 0 else start_generator(cfg.seed, k, i)
             if self.policy is None or i > 0:
                 self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, generator, cfg.center_dq_range,
                                                  cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)
             label = description if starts == 1 else f"{description}, start {i + 1}/{starts}"
-            result = optimize_policy(self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype),
-                                     cfg.particles, cfg.horizon_steps, cfg.cost, cfg.optimizer, max_steps, generator,
-                                     cfg.progress, description=label, particle_threads=cfg.particle_threads,
-                                     particle_processes=cfg.parallel == "processes", judge=judge)
-            start_scores.append(result.kept_score)
-            wall, judged = wall + result.wall_time, judged + result.judge_time
-            if best is None or result.kept_score > best[1].kept_score:     # ties keep the earlier start
-                best = (self.policy, result)
-        self.policy, result = best
+            runs.append((self.policy, optimize_policy(
+                self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles, cfg.horizon_steps,
+                cfg.cost, cfg.optimizer, max_steps, generator, cfg.progress, description=label,
+                particle_threads=cfg.particle_threads, particle_processes=cfg.parallel == "processes", judge=judge)))
+        scores = [result.kept_score for _, result in runs]
+        self.policy, result = runs[scores.index(max(scores))]          # ties keep the earlier start
         if starts > 1:
-            result.start_scores = start_scores
-        timings["optimization"] = wall                     # every start's, judging included
+            result.start_scores = scores
+        timings["optimization"] = sum(r.wall_time for _, r in runs)    # every start's, judging included
         if result.snapshots:
-            timings["snapshot_judge"] = judged
+            timings["snapshot_judge"] = sum(r.judge_time for _, r in runs)
         numpy_policy = self.policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period,
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})
         return numpy_policy, result, timings, rng, dist
@@ -712,18 +708,17 @@ class Learner:
         learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
         ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
         simulation of the model: no robot time."""
-        from ..control import build_controller
-        from ..evaluation import evaluate_seed
+        from .selection import on_model, protocol_scores
 
         cfg, opt = self.config, self.config.optimizer
         if opt.snapshot_every <= 0:
             return None
-        plant_robot = replace(cfg.robot, plant=self.model.config.plant)
+        plant_robot = on_model(cfg, self.model)
 
         def judge(policy: TorchPolicy) -> float:
-            controller = build_controller(cfg.robot, policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period))
-            return float(np.mean([evaluate_seed(controller, plant_robot, s, opt.snapshot_seconds, False,
-                                                "nominal").score for s in opt.snapshot_seeds]))
+            runtime = policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period)
+            return float(np.mean(protocol_scores(cfg, runtime, plant_robot, opt.snapshot_seeds, opt.snapshot_seconds,
+                                                 "nominal")))
 
         return judge
 

@@ -112,7 +112,6 @@ class BestSnapshot:
 
     def __init__(self, policy: TorchPolicy, judge: Callable[[TorchPolicy], float], result: OptimizationResult) -> None:
         self.policy, self.judge, self.result = policy, judge, result
-        self.score = -math.inf
         self.state: dict[str, torch.Tensor] | None = None
 
     def consider(self, step: int) -> None:
@@ -120,10 +119,10 @@ class BestSnapshot:
         self.policy.set_dropout(0.0, None)
         with torch.no_grad():
             score = float(self.judge(self.policy))
-        self.result.snapshots.append((step, score))
-        if score > self.score:          # ties keep the earlier snapshot
-            self.score, self.result.kept_step = score, step
+        if score > self.result.kept_score:      # ties keep the earlier snapshot
+            self.result.kept_step = step
             self.state = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        self.result.snapshots.append((step, score))
         self.result.judge_time += time.perf_counter() - start
 
     def restore(self) -> None:

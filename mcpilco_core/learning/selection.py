@@ -191,13 +191,13 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
         selection.costs[k] = float(trajectory_cost(states, cost))
         selection.files[k] = str(path)
     if protocol is not None:
-        protocol_on_model(selection, config, model, protocol)
+        protocolon_model(selection, config, model, protocol)
     if check is not None:
         check_on_robot(selection, config, check, model)
     return selection
 
 
-def protocol_on_model(selection: Selection, config, model: DynamicsModel, protocol: ModelProtocol) -> None:
+def protocolon_model(selection: Selection, config, model: DynamicsModel, protocol: ModelProtocol) -> None:
     """Score every policy of ``selection`` by the protocol simulated on ``model``'s plant (ideal sensors and
     motors): the controller is the run's own (its LQR designed as the robot config says); only the simulated
     plant is the model's. No robot time."""
@@ -205,7 +205,7 @@ def protocol_on_model(selection: Selection, config, model: DynamicsModel, protoc
     selection.protocol = protocol
     selection.protocol_plant = {"b": list(plant.b), "cf": list(plant.cf), "Ir": plant.Ir}
     for k, path in selection.files.items():
-        scores = protocol_scores(config, path, _on_model(config, model), protocol.seeds, protocol.seconds, "nominal")
+        scores = protocol_scores(config, path, on_model(config, model), protocol.seeds, protocol.seconds, "nominal")
         selection.protocol_scores[k] = float(np.mean(scores))
 
 
@@ -219,7 +219,7 @@ def check_on_robot(selection: Selection, config, check: RobotCheck, model: Dynam
     for k in selection.ranked()[: check.count]:
         path = selection.files[k]
         if check.tolerance is not None:
-            (selection.check_predictions[k],) = protocol_scores(config, path, _on_model(config, model),
+            (selection.check_predictions[k],) = protocol_scores(config, path, on_model(config, model),
                                                                 (check.seed,), check.seconds, "nominal")
         (selection.check_scores[k],) = protocol_scores(config, path, config.robot, (check.seed,), check.seconds,
                                                        profile)
@@ -227,19 +227,21 @@ def check_on_robot(selection: Selection, config, check: RobotCheck, model: Dynam
             break
 
 
-def _on_model(config, model: DynamicsModel):
+def on_model(config, model: DynamicsModel):
     """The run's robot config with the model's plant (the prior, friction and Ir as identified from the trials)."""
     return replace(config.robot, plant=model.config.plant)
 
 
-def protocol_scores(config, path: str | Path, robot, seeds, seconds: float, profile: str) -> list[float]:
-    """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with the policy in
-    ``path``, over ``seconds`` (s) of the protocol on the simulated robot ``profile`` of the robot config
-    ``robot`` (the run's for the robot; :func:`_on_model`'s for the model)."""
+def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) -> list[float]:
+    """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with ``policy`` (a
+    policy file, or the runtime policy itself), over ``seconds`` (s) of the protocol on the simulated robot
+    ``profile`` of the robot config ``robot`` (the run's for the robot; :func:`on_model`'s for the model). The
+    ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through here."""
     from ..control import build_controller
     from ..evaluation import evaluate_seed
 
-    policy = load_policy(path, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+    if isinstance(policy, (str, Path)):
+        policy = load_policy(policy, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
     controller = build_controller(config.robot, policy)
     return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
 
