@@ -140,7 +140,7 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     """optimizer.snapshot_every: the trial's policy is the snapshot the protocol on the learner's own plant (prior,
     friction and Ir identified from the trials; not the robot's profile) scored best, and the run records them."""
     from mcpilco_core.learning.model import DynamicsModel
-    from mcpilco_core.learning.selection import on_model, protocol_scores
+    from mcpilco_core.learning.protocol import on_model, protocol_scores
 
     base = load_train_config(TINY, "pendubot")
     config = replace(base, robot_profile="hardware_proxy", gp=replace(base.gp, identify=True),

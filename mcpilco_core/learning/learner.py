@@ -708,7 +708,7 @@ class Learner:
         learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
         ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
         simulation of the model: no robot time."""
-        from .selection import on_model, protocol_scores
+        from .protocol import on_model, protocol_scores
 
         cfg, opt = self.config, self.config.optimizer
         if opt.snapshot_every <= 0:

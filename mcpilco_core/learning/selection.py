@@ -44,6 +44,7 @@ import torch
 from ..policy import load_policy
 from .cost import CostSettings, trajectory_cost
 from .model import DynamicsModel, particle_noise, rollout
+from .protocol import on_model, protocol_scores
 from .runs import RunDirectory
 from .torch_policy import TorchPolicy
 
@@ -225,25 +226,6 @@ def check_on_robot(selection: Selection, config, check: RobotCheck, model: Dynam
                                                        profile)
         if selection.confirmed is not None:
             break
-
-
-def on_model(config, model: DynamicsModel):
-    """The run's robot config with the model's plant (the prior, friction and Ir as identified from the trials)."""
-    return replace(config.robot, plant=model.config.plant)
-
-
-def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) -> list[float]:
-    """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with ``policy`` (a
-    policy file, or the runtime policy itself), over ``seconds`` (s) of the protocol on the simulated robot
-    ``profile`` of the robot config ``robot`` (the run's for the robot; :func:`on_model`'s for the model). The
-    ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through here."""
-    from ..control import build_controller
-    from ..evaluation import evaluate_seed
-
-    if isinstance(policy, (str, Path)):
-        policy = load_policy(policy, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
-    controller = build_controller(config.robot, policy)
-    return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
 
 
 def select_policy(root: str | Path, particles: int = 600, horizon: float | None = None,

@@ -1,0 +1,31 @@
+"""The evaluation protocol scored in simulation for the learner's choices: on the learner's own plant (the model's
+prior with the friction and rotor inertia identified from the trials, :func:`on_model`; no robot time) or, for a
+counted robot check, on the run's robot. ``mcpilco select``'s ranking and check and the optimiser's snapshot judge
+(``Learner.protocol_judge``) all score through :func:`protocol_scores`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ..policy import load_policy
+from .model import DynamicsModel
+
+
+def on_model(config, model: DynamicsModel):
+    """The run's robot config with the model's plant (the prior, friction and Ir as identified from the trials)."""
+    return replace(config.robot, plant=model.config.plant)
+
+
+def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) -> list[float]:
+    """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with ``policy`` (a
+    policy file, or the runtime policy itself), over ``seconds`` (s) of the protocol on the simulated robot
+    ``profile`` of the robot config ``robot`` (the run's for the robot; :func:`on_model`'s for the model). The
+    ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through here."""
+    from ..control import build_controller
+    from ..evaluation import evaluate_seed
+
+    if isinstance(policy, (str, Path)):
+        policy = load_policy(policy, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+    controller = build_controller(config.robot, policy)
+    return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
