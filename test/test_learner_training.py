@@ -155,7 +155,9 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     model.load_arrays(records[1].model_arrays, "cpu", torch.float64)
     assert model.config.plant.cf != config.robot.plant.cf          # the identified plant judged, not the prior
     path = tmp_path / "run" / "trials" / "trial_001" / "policy.npz"
-    again = protocol_scores(config, path, on_model(config, model), (3000, 3001), 3.0, "nominal")
+    robot, profile = on_model(config, model)
+    assert profile == "nominal"                                     # no gp.identify_robot: ideal sensors and motors
+    again = protocol_scores(config, path, robot, (3000, 3001), 3.0, profile)
     assert float(np.mean(again)) == pytest.approx(scores[opt.kept_step], abs=1e-12)
     summary = json.loads((tmp_path / "run" / "trials" / "trial_001" / "summary.json").read_text())
     assert summary["kept_step"] == opt.kept_step and len(summary["snapshots"]) == 5

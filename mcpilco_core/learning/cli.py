@@ -50,6 +50,11 @@ def register(subparsers) -> None:
     p.add_argument("--protocol-seconds", type=float, default=60.0, help="s of the protocol on the model per seed")
     p.add_argument("--protocol-seeds", type=int, nargs="+", default=[2000, 2001, 2002, 2003],
                    help="disturbance schedules of the protocol on the model (keep them apart from those you report)")
+    p.add_argument("--protocol-robot", choices=("model", "plant", "identified"), default="model",
+                   help="the learner's robot the protocol runs on: what the newest model holds (model: the robot "
+                        "identified at the state rate with gp.identify_robot, else the prior's plant with ideal "
+                        "sensors and motors), the prior's plant always (plant), or the robot identified now from "
+                        "the run's recorded trials (identified: friction, Ir, sensor delay, motor lag, noise)")
     p.add_argument("--check", type=int, default=0, metavar="K",
                    help="check the best K ranked policies on the robot (0 = off; counted robot time)")
     p.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")
@@ -110,8 +115,8 @@ def _run_select(args: argparse.Namespace) -> int:
     try:
         check = (RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile, args.check_tolerance)
                  if args.check else None)
-        protocol = (ModelProtocol(tuple(args.protocol_seeds), args.protocol_seconds) if args.rank == "protocol"
-                    else None)
+        protocol = (ModelProtocol(tuple(args.protocol_seeds), args.protocol_seconds, args.protocol_robot)
+                    if args.rank == "protocol" else None)
         selection = select_policy(args.run, args.particles, args.horizon, args.seed, check, protocol)
     except (RunError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -122,6 +127,11 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"protocol on the model's plant (b {selection.protocol_plant['b']}, cf {selection.protocol_plant['cf']}, "
               f"Ir {selection.protocol_plant['Ir']:.3g}): {len(selection.protocol.seeds)} x "
               f"{selection.protocol.seconds:g} s per policy (no robot time)")
+        if "identified_robot" in selection.protocol_plant:
+            robot = selection.protocol_plant["identified_robot"]
+            print(f"  the robot identified from the trials: delay {robot['delay_steps']} steps, motor "
+                  f"responsiveness {robot['motor_responsiveness']:.3f}, measurement noise "
+                  f"{[round(v, 4) for v in robot['measurement_noise']]}, torque noise {robot['torque_noise']:.3g} N m")
     for k in selection.ranked():
         on_model = (f"  protocol on model {selection.protocol_scores[k]:.3f}" if k in selection.protocol_scores
                     else "")

@@ -44,7 +44,9 @@ class GPSettings:
     the torque held: at 15-20 rad/s the Euler prior is off by up to 4-8 rad/s per 20 ms step, which the GP
     cannot learn from sparse fast data; RK4 leaves a residual of < 0.3 rad/s there). identify: before each fit,
     the prior's viscous and Coulomb friction and rotor inertia are fitted to the data by least squares
-    (identification.py; for a robot that is not the prior).
+    (identification.py; for a robot that is not the prior). identify_robot: also identify the robot at the state
+    rate -- friction, rotor inertia, sensor delay, motor lag, noise (identified_robot.py) -- for the learner's
+    simulations of the protocol (the snapshot judge, ``mcpilco select``'s ranking); the GP's prior is unchanged.
     """
 
     fit_steps: int = 1500
@@ -56,6 +58,7 @@ class GPSettings:
     warm_start: bool = True
     prior: str = "euler"
     identify: bool = False     # fit the prior's friction and rotor inertia to the data before each GP fit
+    identify_robot: bool = False   # identify friction, Ir, delay, lag and noise at the state rate (protocol sims)
 
 
 def _inv_softplus(value: np.ndarray) -> np.ndarray:

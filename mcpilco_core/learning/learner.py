@@ -40,9 +40,11 @@ from ..config import (
 )
 from ..control.exploration import ExplorationController, trial_rng
 from ..policy import PolicyError, load_policy
+from ..recording.state_rate import StateRecording, recording_from_arrays
 from ..recording.transitions import TransitionData, transitions_from_trajectory
 from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
+from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
 from .parallel import PARALLEL_MODES
@@ -334,7 +336,8 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
                       noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
                       warm_start=r.boolean("warm_start", d.warm_start),
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS),
-                      identify=r.boolean("identify", d.identify))
+                      identify=r.boolean("identify", d.identify),
+                      identify_robot=r.boolean("identify_robot", d.identify_robot))
 
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
@@ -524,6 +527,16 @@ def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
 
 
+def state_recording(trajectory) -> StateRecording:
+    """A trial at the state rate as its bag gives it: measured states, applied and commanded torques, the steps
+    of a reset window marked unusable."""
+    from ..simulation import MODE_CODES
+
+    x = trajectory.extras.get("x_measured", trajectory.x)
+    return recording_from_arrays(trajectory.t, x, trajectory.u, trajectory.u_cmd,
+                                 trajectory.mode != MODE_CODES["reset"])
+
+
 def disturbance_seed(seed: int, trial: int) -> int:
     """The seed of trial k's disturbance targets (``mcpilco session --sim`` hands it to the driver's window)."""
     return int(np.random.SeedSequence([seed, trial, 2]).generate_state(1)[0])
@@ -596,9 +609,17 @@ class TrialRecord:
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
                 "robot_cost": self.robot_cost, "robot_time_s": self.robot_time,
-                "prior_plant_b_cf_Ir": (np.asarray(self.model_arrays["prior_plant_b_cf_Ir"]).tolist()
-                                        if self.model_arrays is not None and "prior_plant_b_cf_Ir" in self.model_arrays
-                                        else None)}
+                "prior_plant_b_cf_Ir": self._model_array("prior_plant_b_cf_Ir"),
+                # gp.identify_robot: friction and Ir at the state rate; delay steps, dt, r, 4 noise stds, torque noise,
+                # 2 residuals, windows (identified_robot.IdentifiedRobot.to_arrays)
+                "identified_robot": ({"b_cf_Ir": self._model_array("robot_b_cf_Ir"),
+                                      "sensors_motors": self._model_array("robot_sensors_motors")}
+                                     if self._model_array("robot_b_cf_Ir") is not None else None)}
+
+    def _model_array(self, key: str) -> list | None:
+        if self.model_arrays is None or key not in self.model_arrays:
+            return None
+        return np.asarray(self.model_arrays[key]).tolist()
 
 
 class Learner:
@@ -611,6 +632,7 @@ class Learner:
         torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
         self.model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout)
         self.data = TransitionData.empty()
+        self.recordings: list[StateRecording] = []    # the trials at the state rate (gp.identify_robot)
         self.policy: TorchPolicy | None = None
         self.pool = np.zeros((0, 4))
 
@@ -621,6 +643,7 @@ class Learner:
         t, x, u = learning_data(trajectory)
         if len(u) >= 1:
             self.data = self.data.concat(transitions_from_trajectory(t, x, u, cfg.policy_period, cfg.actuated_joint))
+        self.recordings.append(state_recording(trajectory))
 
     def restore(self, records: list[TrialRecord], initial_pool: np.ndarray) -> None:
         """Rebuild the learner after the given (complete) trials, e.g. for --resume."""
@@ -673,6 +696,10 @@ class Learner:
         self.model.fit(self.data, rng, cfg.device, cfg.torch_dtype)
         self.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
         timings["model_fit"] = time.perf_counter() - start
+        if cfg.gp.identify_robot:
+            start = time.perf_counter()
+            self.identify_robot(k)
+            timings["robot_identification"] = time.perf_counter() - start
         if self.policy is None and cfg.initial_policy:
             initial = load_policy(cfg.initial_policy, robot=cfg.robot.robot, torque_limit=cfg.robot.torque_limit)
             self.policy = TorchPolicy.from_numpy(initial, cfg.torch_dtype).to(cfg.device)
@@ -702,6 +729,16 @@ class Learner:
                                             {"trial": k, "seed": cfg.seed, **(metadata or {})})
         return numpy_policy, result, timings, rng, dist
 
+    def identify_robot(self, k: int) -> None:
+        """``gp.identify_robot``: the robot behind the recordings so far (identified_robot.py), kept with the model
+        for the protocol simulations; its own generator (the trial's streams stay as they were)."""
+        cfg = self.config
+        found = identify_robot(cfg.model_robot.plant, self.recordings, cfg.robot.actuated_joint,
+                               cfg.robot.torque_limit, np.random.default_rng([cfg.seed, k, 4]))
+        if found is not None:
+            self.model.robot = found
+            LOG.info("trial %d: identified robot %s", k, found.summary())
+
     def protocol_judge(self):
         """The optimiser's judge of a snapshot (``optimizer.snapshot_every``; None when 0): the mean fraction of
         the time up over the evaluation protocol's ``snapshot_seeds`` x ``snapshot_seconds`` simulated on the
@@ -713,12 +750,12 @@ class Learner:
         cfg, opt = self.config, self.config.optimizer
         if opt.snapshot_every <= 0:
             return None
-        plant_robot = on_model(cfg, self.model)
+        robot, profile = on_model(cfg, self.model)
 
         def judge(policy: TorchPolicy) -> float:
             runtime = policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period)
-            return float(np.mean(protocol_scores(cfg, runtime, plant_robot, opt.snapshot_seeds, opt.snapshot_seconds,
-                                                 "nominal")))
+            return float(np.mean(protocol_scores(cfg, runtime, robot, opt.snapshot_seeds, opt.snapshot_seconds,
+                                                 profile)))
 
         return judge
 

@@ -31,6 +31,7 @@ from .gp import (
     select_subset,
 )
 from .identification import identify_plant, parameters_of, with_parameters
+from .identified_robot import IdentifiedRobot
 
 
 class NonFiniteParticlesError(FloatingPointError):
@@ -51,6 +52,8 @@ class DynamicsModel:
     posterior: GPPosterior | None = None
     fit_history: list[float] = field(default_factory=list)
     rollout_mode: str = "fused"
+    robot: IdentifiedRobot | None = None      # gp.identify_robot: the robot as the learner identified it (set by
+                                              # the learner from its state-rate recordings; saved with the model)
 
     def __post_init__(self) -> None:
         self.period = float(self.config.policy_period)
@@ -169,6 +172,8 @@ class DynamicsModel:
         arrays["fit_history"] = np.asarray(self.fit_history)
         arrays["prior"] = np.asarray(self.settings.prior)     # the residual targets depend on it
         arrays["prior_plant_b_cf_Ir"] = parameters_of(self.config.plant)   # and so on the (identified) prior plant
+        if self.robot is not None:                # gp.identify_robot: the robot as identified at the state rate
+            arrays.update(self.robot.to_arrays())
         return arrays
 
     def load_arrays(self, arrays: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
@@ -180,6 +185,7 @@ class DynamicsModel:
                              f"gp.prior = {self.settings.prior!r}; use the run's own training config")
         if "prior_plant_b_cf_Ir" in arrays:      # absent in models saved before gp.identify: the settings' prior stays
             self.set_prior_plant(with_parameters(self.base_plant, np.asarray(arrays["prior_plant_b_cf_Ir"])))
+        self.robot = IdentifiedRobot.from_arrays(self.base_plant, arrays)   # None before gp.identify_robot
         self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
         n_out = self.hyper.raw_signal.shape[0]
         inputs = np.concatenate([arrays[f"subset_inputs_{j}"] for j in range(n_out)])

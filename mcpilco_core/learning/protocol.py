@@ -1,7 +1,7 @@
-"""The evaluation protocol scored in simulation for the learner's choices: on the learner's own plant (the model's
-prior with the friction and rotor inertia identified from the trials, :func:`on_model`; no robot time) or, for a
-counted robot check, on the run's robot. ``mcpilco select``'s ranking and check and the optimiser's snapshot judge
-(``Learner.protocol_judge``) all score through :func:`protocol_scores`."""
+"""The evaluation protocol scored in simulation for the learner's choices: on the learner's own robot
+(:func:`on_model`; no robot time) or, for a counted robot check, on the run's robot. ``mcpilco select``'s ranking
+and check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through
+:func:`protocol_scores`."""
 
 from __future__ import annotations
 
@@ -13,14 +13,20 @@ from .model import DynamicsModel
 
 
 def on_model(config, model: DynamicsModel):
-    """The run's robot config with the model's plant (the prior, friction and Ir as identified from the trials)."""
-    return replace(config.robot, plant=model.config.plant)
+    """(robot config, robot profile) of the learner's own robot: the run's robot config with the model's plant.
+    With ``gp.identify_robot`` (``model.robot``) that is the robot identified at the state rate -- its friction,
+    rotor inertia, sensor delay, motor lag and noise (identified_robot.py); else the GP prior's plant (friction
+    and Ir from ``gp.identify``, or the user's prior) with ideal sensors and motors."""
+    if model.robot is not None:
+        return replace(config.robot, plant=model.robot.plant), model.robot.profile()
+    return replace(config.robot, plant=model.config.plant), "nominal"
 
 
 def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) -> list[float]:
     """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with ``policy`` (a
     policy file, or the runtime policy itself), over ``seconds`` (s) of the protocol on the simulated robot
-    ``profile`` of the robot config ``robot`` (the run's for the robot; :func:`on_model`'s for the model). The
+    ``profile`` of the robot config ``robot`` (the run's robot and profile for the robot; :func:`on_model`'s for the
+    model). The
     ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through here."""
     from ..control import build_controller
     from ..evaluation import evaluate_seed

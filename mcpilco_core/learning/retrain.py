@@ -246,6 +246,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
                            f"({len(loaded.trials)} trial(s), {len(skipped)} skipped)")
     learner = Learner(config)
     learner.data = data
+    learner.recordings = [trial.states for trial in loaded.trials if trial.states is not None]
     start = time.perf_counter()
     learner.pool = np.concatenate([learner.build_initial_pool(),
                                    trial_pool_states(config, loaded.trials, policy_files(run.policies, policy),

@@ -382,5 +382,11 @@ def _describe(record: TrialRecord) -> str:
     if s.get("prior_plant_b_cf_Ir"):
         b1, b2, cf1, cf2, ir = s["prior_plant_b_cf_Ir"]
         parts.append(f"prior b ({b1:.4f}, {b2:.4f}) N m s/rad, cf ({cf1:.3f}, {cf2:.3f}) N m, Ir {ir:.2e} kg m^2")
+    if s.get("identified_robot"):
+        b1, b2, cf1, cf2, ir = s["identified_robot"]["b_cf_Ir"]
+        steps, dt, r, *noise = s["identified_robot"]["sensors_motors"][:7]
+        parts.append(f"robot b ({b1:.4f}, {b2:.4f}), cf ({cf1:.3f}, {cf2:.3f}), Ir {ir:.2e}, "
+                     f"delay {steps * dt * 1e3:.0f} ms, r {r:.3f}, "
+                     f"velocity noise ({noise[2]:.3f}, {noise[3]:.3f}) rad/s")
     parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))
     return "; ".join(parts)

@@ -43,6 +43,7 @@ import torch
 
 from ..policy import load_policy
 from .cost import CostSettings, trajectory_cost
+from .identified_robot import identify_robot
 from .model import DynamicsModel, particle_noise, rollout
 from .protocol import on_model, protocol_scores
 from .runs import RunDirectory
@@ -78,18 +79,29 @@ class RobotCheck:
             raise ValueError(f"robot check: the tolerance must be >= 0 or None, got {self.tolerance}")
 
 
+LEARNER_ROBOTS = ("model", "plant", "identified")
+
+
 @dataclass(frozen=True)
 class ModelProtocol:
     """The evaluation protocol simulated on the learner's plant (module docstring): ``seconds`` (s) for each
-    disturbance schedule of ``seeds``; the mean fraction of the time up ranks the policies. No robot time."""
+    disturbance schedule of ``seeds``; the mean fraction of the time up ranks the policies. No robot time.
+
+    robot: which learner's robot it runs on (protocol.on_model): ``model`` = what the newest model holds (the
+    robot identified at the state rate when the run had ``gp.identify_robot``, else the GP prior's plant with
+    ideal sensors and motors); ``plant`` = the GP prior's plant, ideal, always; ``identified`` = the robot
+    identified now from the run's recorded trials when the model holds none (identified_robot.py)."""
 
     seeds: tuple[int, ...] = (2000, 2001, 2002, 2003)
     seconds: float = 60.0
+    robot: str = "model"
 
     def __post_init__(self) -> None:
         if not self.seeds or any(s < 0 for s in self.seeds) or not self.seconds > 0:
             raise ValueError(f"protocol on the model: need seeds >= 0 (at least one) and seconds > 0 (got "
                              f"{list(self.seeds)}, {self.seconds})")
+        if self.robot not in LEARNER_ROBOTS:
+            raise ValueError(f"protocol on the model: robot must be one of {LEARNER_ROBOTS}, got {self.robot!r}")
 
 
 @dataclass
@@ -152,7 +164,8 @@ class Selection:
             "scores": {str(k): v for k, v in self.check_scores.items()},
             "on_model": {str(k): v for k, v in self.check_predictions.items()}, "confirmed": self.confirmed}
         protocol = None if self.protocol is None else {
-            "seeds": list(self.protocol.seeds), "seconds_each": self.protocol.seconds, "plant": self.protocol_plant,
+            "seeds": list(self.protocol.seeds), "seconds_each": self.protocol.seconds, "robot": self.protocol.robot,
+            "plant": self.protocol_plant,
             "scores": {str(k): v for k, v in self.protocol_scores.items()}}
         return {"run": self.run, "model_trial": self.model_trial, "particles": self.particles,
                 "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": self.robot_time,
@@ -192,21 +205,23 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
         selection.costs[k] = float(trajectory_cost(states, cost))
         selection.files[k] = str(path)
     if protocol is not None:
-        protocolon_model(selection, config, model, protocol)
+        protocol_on_model(selection, config, model, protocol)
     if check is not None:
         check_on_robot(selection, config, check, model)
     return selection
 
 
-def protocolon_model(selection: Selection, config, model: DynamicsModel, protocol: ModelProtocol) -> None:
-    """Score every policy of ``selection`` by the protocol simulated on ``model``'s plant (ideal sensors and
-    motors): the controller is the run's own (its LQR designed as the robot config says); only the simulated
-    plant is the model's. No robot time."""
-    plant = model.config.plant
+def protocol_on_model(selection: Selection, config, model: DynamicsModel, protocol: ModelProtocol) -> None:
+    """Score every policy of ``selection`` by the protocol simulated on the learner's own robot (:func:`on_model`:
+    the model's plant with ideal sensors and motors, or the robot identified at the state rate): the controller
+    is the run's own (its LQR designed as the robot config says); only the simulated robot is the learner's. No
+    robot time."""
+    robot, profile = on_model(config, model)
     selection.protocol = protocol
-    selection.protocol_plant = {"b": list(plant.b), "cf": list(plant.cf), "Ir": plant.Ir}
+    selection.protocol_plant = {"b": list(robot.plant.b), "cf": list(robot.plant.cf), "Ir": robot.plant.Ir,
+                                **({"identified_robot": model.robot.to_dict()} if model.robot is not None else {})}
     for k, path in selection.files.items():
-        scores = protocol_scores(config, path, on_model(config, model), protocol.seeds, protocol.seconds, "nominal")
+        scores = protocol_scores(config, path, robot, protocol.seeds, protocol.seconds, profile)
         selection.protocol_scores[k] = float(np.mean(scores))
 
 
@@ -217,11 +232,12 @@ def check_on_robot(selection: Selection, config, check: RobotCheck, model: Dynam
     robot confirms (:class:`RobotCheck`)."""
     profile = check.profile or config.robot_profile
     selection.check = replace(check, profile=profile)
+    robot, learner_profile = on_model(config, model)
     for k in selection.ranked()[: check.count]:
         path = selection.files[k]
         if check.tolerance is not None:
-            (selection.check_predictions[k],) = protocol_scores(config, path, on_model(config, model),
-                                                                (check.seed,), check.seconds, "nominal")
+            (selection.check_predictions[k],) = protocol_scores(config, path, robot, (check.seed,),
+                                                                check.seconds, learner_profile)
         (selection.check_scores[k],) = protocol_scores(config, path, config.robot, (check.seed,), check.seconds,
                                                        profile)
         if selection.confirmed is not None:
@@ -234,6 +250,8 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     """Every trial's policy scored on the run's newest model (see the module docstring: the protocol on the model
     unless ``protocol`` is None, and the model cost), then the robot check if asked; ``root`` may also be the
     output of ``mcpilco session`` (:func:`select_session_policy`)."""
+    from .learner import state_recording
+
     if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
         return select_session_policy(root, particles, horizon, seed, check, protocol)
     run = RunDirectory(root)
@@ -248,6 +266,8 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
+    choose_learner_robot(model, config, protocol,
+                         lambda: [state_recording(run.load_trial(k, config.robot.robot).trajectory) for k in trials])
     return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check,
                  protocol)
 
@@ -276,7 +296,22 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
+    choose_learner_robot(model, config, protocol, lambda: [t.states for t in trials if t.states is not None])
     return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check, protocol)
+
+
+def choose_learner_robot(model: DynamicsModel, config, protocol: ModelProtocol | None, recordings) -> None:
+    """Set ``model.robot`` as ``protocol.robot`` asks (:class:`ModelProtocol`); ``recordings()`` gives the run's
+    trials at the state rate when the robot is to be identified now."""
+    if protocol is None or protocol.robot == "model":
+        return
+    if protocol.robot == "plant":
+        model.robot = None
+    elif model.robot is None:
+        model.robot = identify_robot(config.model_robot.plant, recordings(), config.robot.actuated_joint,
+                                     config.robot.torque_limit)
+        if model.robot is None:
+            raise ValueError("the run's trials hold too few usable state-rate windows to identify the robot")
 
 
 def write_selection(selection: Selection, path: str | Path) -> None:

@@ -30,6 +30,7 @@ from .bags import (
     typestore,
 )
 from .session_directory import SessionDirectory
+from .state_rate import StateRecording, recording_from_bag
 from .transitions import TransitionData
 
 LOG = logging.getLogger("mcpilco.recording")
@@ -91,6 +92,7 @@ class TrialData:
     policy_version: str = ""
     torque_source: str = STATE_TOPIC
     notes: list[str] = field(default_factory=list)
+    states: StateRecording | None = None      # the trial at the state rate (None: the states carry no effort)
 
     def __len__(self) -> int:
         return int(self.u.shape[0])
@@ -400,8 +402,10 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
                      f"(joint_states frame_id '{RESET_FRAME}') not used for the model")
     for note in notes:
         LOG.warning("%s: %s", raw.path, note)
+    states = recording_from_bag(raw.state_t, raw.q, raw.dq, raw.effort, raw.command_t, raw.command_u, clean.reset)
     return TrialData(robot=config.robot, period=period, t=grid, x=x, u=u, mode=mode, valid=valid, source=raw.path,
-                     policy_version=raw.custom.get("policy_version", ""), torque_source=source, notes=notes)
+                     policy_version=raw.custom.get("policy_version", ""), torque_source=source, notes=notes,
+                     states=states)
 
 
 def _interval_torque(raw: RawTrial, t: np.ndarray, grid: np.ndarray,

@@ -1,0 +1,61 @@
+"""Trials at the state rate (500 Hz): what the sensors reported, the torque the motors applied and the one the
+controller commanded, step by step. The learner identifies the robot's friction, sensor delay, motor lag and
+noise from these (learning/identified_robot.py); the policy-period data the GP learns from is :class:`TrialData`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StateRecording:
+    """One trial at the state rate. dt: s between states; x: (n+1, 4) measured states (rad, rad/s); effort: (n, 2)
+    torque applied over step k -> k+1 (N m); command: (n, 2) torque commanded for that step (N m; NaN where not
+    known); valid: (n,) the step is usable (outside reset and disturbance windows, no gap in the stream)."""
+
+    dt: float
+    x: np.ndarray
+    effort: np.ndarray
+    command: np.ndarray
+    valid: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.effort)
+        if self.x.shape != (n + 1, 4) or self.command.shape != (n, 2) or self.valid.shape != (n,):
+            raise ValueError(f"state recording: x {self.x.shape}, effort {self.effort.shape}, command "
+                             f"{self.command.shape}, valid {self.valid.shape} do not fit together")
+
+
+def recording_from_arrays(t: np.ndarray, x_measured: np.ndarray, applied: np.ndarray, commanded: np.ndarray,
+                          usable: np.ndarray) -> StateRecording:
+    """A simulated trial (``data.npz`` of a run: t, x_measured, u, u_cmd and the steps outside its window)."""
+    return StateRecording(float(t[1] - t[0]), np.asarray(x_measured, float), np.asarray(applied, float),
+                          np.asarray(commanded, float), np.asarray(usable, bool))
+
+
+def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, effort: np.ndarray,
+                       command_t_ns: np.ndarray, command_u: np.ndarray, reset: np.ndarray) -> StateRecording | None:
+    """A recorded trial's streams (recording.reader.RawTrial's arrays): ``effort[j]`` acted over the step ending at
+    state j; the command of a step is the newest one stamped at or before the state it answers (the controller
+    stamps a command with its state). Steps whose interval is not the median one (a gap, a dropped state) and steps
+    next to a reset-marked state are not valid. None when the states carry no effort."""
+    if len(effort) != len(state_t_ns) or len(state_t_ns) < 3:
+        return None
+    t = (np.asarray(state_t_ns, np.int64) - int(state_t_ns[0])) * 1e-9
+    steps = np.diff(t)
+    dt = float(np.median(steps))
+    valid = np.abs(steps - dt) < 0.25 * dt
+    if len(reset):
+        marked = np.asarray(reset, bool)
+        valid &= ~marked[:-1] & ~marked[1:]
+    command = np.full((len(steps), 2), np.nan)
+    if len(command_t_ns):
+        order = np.argsort(command_t_ns, kind="stable")
+        ct, cu = np.asarray(command_t_ns)[order], np.asarray(command_u, float)[order]
+        idx = np.searchsorted(ct, np.asarray(state_t_ns[:-1]), side="right") - 1
+        command[idx >= 0] = cu[idx[idx >= 0]]
+    x = np.column_stack([q, dq]).astype(float)
+    return StateRecording(dt, x, np.asarray(effort[1:], float), command, valid & np.isfinite(x[1:]).all(axis=1))

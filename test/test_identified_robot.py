@@ -1,0 +1,149 @@
+"""The robot as the learner identifies it at the state rate (gp.identify_robot; learning/identified_robot.py): from
+a 3 s exploration trial on the hardware proxy it finds the proxy's friction, rotor inertia, sensor delay, motor lag
+and noise; a bag gives the same recording as the simulated trial; the learner keeps the identified robot with its
+model and its protocol simulations (the snapshot judge, ``mcpilco select``) run on it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mcpilco_core.config import load_plant_parameters
+from mcpilco_core.control import build_controller
+from mcpilco_core.control.exploration import ExplorationController
+from mcpilco_core.evaluation import evaluate_seed
+from mcpilco_core.learning.identified_robot import IdentifiedRobot, identify_robot
+from mcpilco_core.learning.learner import load_train_config, run_on_robot, state_recording
+from mcpilco_core.learning.model import DynamicsModel
+from mcpilco_core.learning.protocol import on_model
+from mcpilco_core.learning.runs import RunDirectory, train
+from mcpilco_core.learning.selection import ModelProtocol, select_policy
+from mcpilco_core.policy import load_policy
+from mcpilco_core.recording.state_rate import recording_from_bag
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def exploration(config, profile: str, seed: int, seconds: float = 3.0):
+    explorer = ExplorationController(config, 3.0, np.random.default_rng(seed))
+    return run_on_robot(config, explorer, np.zeros(4), seconds, profile, seed)
+
+
+def test_the_proxys_friction_delay_lag_and_noise_come_back_from_one_exploration_trial(pendubot_config, repo):
+    proxy = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
+    found = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "hardware_proxy", 1))],
+                           actuated=0, torque_limit=pendubot_config.torque_limit)
+    assert found is not None and found.delay_steps == 2             # 5 ms at 2 ms steps: the state 2 steps old
+    assert found.plant.cf == pytest.approx(proxy.cf, rel=0.06) and found.plant.Ir == pytest.approx(proxy.Ir, rel=0.1)
+    assert found.motor_responsiveness == pytest.approx(0.9, abs=0.01)
+    assert found.measurement_noise[2:] == pytest.approx((0.05, 0.05), rel=0.1)
+    assert max(found.measurement_noise[:2]) < 1e-3                 # the proxy's positions are exact
+    assert found.torque_noise == pytest.approx(0.02, rel=0.15)
+    profile = found.profile()
+    assert int(profile.delay / 0.002) == 2 and profile.motor_responsiveness == found.motor_responsiveness
+    # the nominal robot is its prior: no friction, no delay, no lag, no noise
+    ideal = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "nominal", 1))], 0,
+                           pendubot_config.torque_limit)
+    assert ideal.delay_steps == 0 and ideal.motor_responsiveness == pytest.approx(1.0, abs=1e-6)
+    assert max(ideal.plant.cf) < 0.01 and max(ideal.measurement_noise) < 1e-3 and ideal.torque_noise < 1e-6
+    assert identify_robot(pendubot_config.plant, [], 0, 6.0) is None                       # nothing to learn from
+
+
+def test_a_bag_gives_the_recording_of_the_simulated_trial(pendubot_config):
+    """The bag's streams as the reader gives them: effort[j] acted over the step ending at state j, each command
+    stamped with the state it answers; a reset-marked state and a gap make their steps unusable."""
+    traj = exploration(pendubot_config, "hardware_proxy", 2, 0.2)
+    direct = state_recording(traj)
+    n = len(traj.u)
+    stamps = np.arange(n + 1, dtype=np.int64) * 2_000_000
+    effort = np.vstack([np.zeros(2), traj.u])                       # state 0 carries the torque before the trial
+    x = traj.extras["x_measured"]
+    reset = np.zeros(n + 1, bool)
+    reset[40] = True
+    stamps[70:] += 1_000_000                                        # the stream stalls once
+    bag = recording_from_bag(stamps, x[:, :2], x[:, 2:], effort, stamps[:-1], traj.u_cmd, reset)
+    assert np.array_equal(bag.x, direct.x) and np.array_equal(bag.effort, direct.effort)
+    assert np.array_equal(bag.command, direct.command)
+    assert not bag.valid[39] and not bag.valid[40] and not bag.valid[69] and bag.valid[[38, 41, 68, 70]].all()
+    assert recording_from_bag(stamps, x[:, :2], x[:, 2:], np.zeros((0, 2)), stamps[:-1], traj.u_cmd, reset) is None
+
+
+def test_the_identified_robot_is_saved_with_the_model_and_the_protocol_runs_on_it(pendubot_config, repo):
+    found = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "hardware_proxy", 3))],
+                           0, pendubot_config.torque_limit)
+    model = DynamicsModel(pendubot_config)
+    model.robot = found
+    again = DynamicsModel(pendubot_config)
+    assert IdentifiedRobot.from_arrays(pendubot_config.plant, found.to_arrays()) == found
+    assert IdentifiedRobot.from_arrays(pendubot_config.plant, {}) is None and again.robot is None
+
+    @dataclasses.dataclass
+    class Run:
+        robot: object
+
+    robot, profile = on_model(Run(pendubot_config), model)
+    assert robot.plant == found.plant and profile.delay == found.delay and profile.seed != 0   # its own noise
+    model.robot = None
+    robot, profile = on_model(Run(pendubot_config), model)
+    assert robot.plant == model.config.plant and profile == "nominal"
+
+
+@pytest.fixture(scope="module")
+def proxy_run(tmp_path_factory) -> Path:
+    """A finished 3-trial run on the hardware proxy with gp.identify_robot and the snapshot judge."""
+    root = tmp_path_factory.mktemp("identified")
+    data = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
+    data.update(robot_config=str(REPO / "config" / "pendubot_dither.yaml"), robot_profile="hardware_proxy",
+                horizon=0.3, particles=8, trial_duration=0.4, trials=3, exploration={"duration": 1.0, "amplitude": 3.0},
+                gp={"fit_steps": 3, "fit_points": 30, "max_points": 20, "identify": True, "identify_robot": True},
+                optimizer={"max_steps_first": 4, "max_steps": 4, "patience": 4, "smoothing": 0.9,
+                           "snapshot_every": 2, "snapshot_seeds": [3000], "snapshot_seconds": 1.0},
+                policy={"num_basis": 5},
+                initial_state={"k_m": 5, "K": 10, "disturbance_fraction": 0.5, "disturbance_from_trial": 1,
+                               "disturbance_seeds": [1000], "pool_seeds_per_trial": 1})
+    (root / "train.yaml").write_text(yaml.safe_dump(data))
+    train(load_train_config(root / "train.yaml"), root / "run")
+    return root / "run"
+
+
+def test_the_learner_identifies_the_robot_and_judges_its_snapshots_there(proxy_run):
+    run = RunDirectory(proxy_run)
+    config = run.load_config()
+    record = run.load_trial(2, config.robot.robot)
+    summary = record.summary()
+    steps, dt, r = summary["identified_robot"]["sensors_motors"][:3]
+    assert steps == 2 and dt == pytest.approx(0.002) and r == pytest.approx(0.9, abs=0.02)
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(record.model_arrays)
+    assert model.robot is not None and model.robot.delay_steps == 2
+    # trial 2's judge scored its kept policy on the identified robot of trial 2's model
+    kept = [score for step, score in record.optimization.snapshots if step == record.optimization.kept_step][0]
+    robot, profile = on_model(config, model)
+    controller = build_controller(config.robot, record.policy)
+    assert evaluate_seed(controller, robot, 3000, 1.0, False, profile).score == pytest.approx(kept, abs=1e-12)
+    assert "delay 4 ms" in (proxy_run / "log.txt").read_text()     # every trial's line says what it identified
+
+
+def test_select_ranks_on_the_identified_robot_or_on_the_plant_as_asked(proxy_run, tmp_path):
+    identified = select_policy(proxy_run, particles=20, seed=1, protocol=ModelProtocol((5,), 1.0))
+    plant = select_policy(proxy_run, particles=20, seed=1, protocol=ModelProtocol((5,), 1.0, "plant"))
+    report = identified.to_dict()["protocol_on_model"]
+    assert report["robot"] == "model" and report["plant"]["identified_robot"]["delay_steps"] == 2
+    assert "identified_robot" not in plant.to_dict()["protocol_on_model"]["plant"]
+    config = RunDirectory(proxy_run).load_config()
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(RunDirectory(proxy_run).load_trial(2, config.robot.robot).model_arrays)
+    k = identified.ranked()[0]
+    controller = build_controller(config.robot, load_policy(identified.files[k]))
+    robot, profile = on_model(config, model)
+    assert identified.protocol_scores[k] == evaluate_seed(controller, robot, 5, 1.0, False, profile).score
+    ideal = dataclasses.replace(config.robot, plant=model.config.plant)
+    assert plant.protocol_scores[k] == evaluate_seed(controller, ideal, 5, 1.0, False, "nominal").score
+    with pytest.raises(ValueError, match="robot must be one of"):
+        ModelProtocol((5,), 1.0, "proxy")
