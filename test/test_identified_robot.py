@@ -147,3 +147,19 @@ def test_select_ranks_on_the_identified_robot_or_on_the_plant_as_asked(proxy_run
     assert plant.protocol_scores[k] == evaluate_seed(controller, ideal, 5, 1.0, False, "nominal").score
     with pytest.raises(ValueError, match="robot must be one of"):
         ModelProtocol((5,), 1.0, "proxy")
+
+
+def test_identifying_the_robot_leaves_the_training_as_it_was(proxy_run, tmp_path):
+    """Without the snapshot judge nothing in training reads the identified robot, and the identification draws
+    from its own generator: the same run with and without it learns the same policies."""
+    data = yaml.safe_load((proxy_run.parent / "train.yaml").read_text())
+    data["trials"] = 2
+    data["optimizer"]["snapshot_every"] = 0
+    policies = []
+    for identify in (True, False):
+        data["gp"]["identify_robot"] = identify
+        (tmp_path / f"t{identify}.yaml").write_text(yaml.safe_dump(data))
+        train(load_train_config(tmp_path / f"t{identify}.yaml"), tmp_path / f"run{identify}")
+        policies.append(load_policy(tmp_path / f"run{identify}" / "trials" / "trial_001" / "policy.npz"))
+    assert np.array_equal(policies[0].weights, policies[1].weights)
+    assert np.array_equal(policies[0].centers, policies[1].centers)
