@@ -21,28 +21,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.learning.identified_robot import identify_robot  # noqa: E402
-from mcpilco_core.learning.learner import load_train_config, state_recording  # noqa: E402
-from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
+from mcpilco_core.learning.runs import run_state_recordings  # noqa: E402
 from mcpilco_core.simulation import load_robot_profile  # noqa: E402
 
 
-def recordings_of(root: Path):
-    """(config, state recordings in trial order, GP prior b/cf/Ir of the newest model)."""
-    if (root / "retrain").is_dir() and (root / "session").is_dir():
-        from mcpilco_core.recording import load_sessions
-
-        config = load_train_config(root / "retrain" / "train_config.yaml")
-        trials = load_sessions([root / "session"], config.robot).trials
-        model = sorted((root / "retrain" / "models").glob("model_*.npz"))[-1]
-        with np.load(model) as arrays:
-            prior = arrays["prior_plant_b_cf_Ir"].tolist() if "prior_plant_b_cf_Ir" in arrays.files else None
-        return config, [t.states for t in trials], prior
-    run = RunDirectory(root)
-    config = run.load_config()
-    records = [run.load_trial(k, config.robot.robot) for k in run.completed_trials()]
-    last = records[-1].model_arrays or {}
-    prior = np.asarray(last["prior_plant_b_cf_Ir"]).tolist() if "prior_plant_b_cf_Ir" in last else None
-    return config, [state_recording(r.trajectory) for r in records], prior
+def gp_prior_of(root: Path) -> list | None:
+    """b1, b2, cf1, cf2, Ir of the newest model's GP prior (``gp.identify``), or None."""
+    models = sorted((root / "retrain" / "models").glob("model_*.npz")) or sorted(root.glob("trials/*/model.npz"))
+    if not models:
+        return None
+    with np.load(models[-1]) as arrays:
+        return arrays["prior_plant_b_cf_Ir"].tolist() if "prior_plant_b_cf_Ir" in arrays.files else None
 
 
 def main() -> int:
@@ -56,7 +45,8 @@ def main() -> int:
           "velocity noise (rad/s) | torque noise (N m) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for root in args.runs:
-        config, recordings, prior = recordings_of(root)
+        config, recordings = run_state_recordings(root)
+        prior = gp_prior_of(root)
         profile = load_robot_profile(args.profile or config.robot_profile)
         truth = profile.plant_parameters(config.robot)
         delay = profile.imperfections(config.robot).delay_steps(config.robot.control_period)

@@ -163,3 +163,24 @@ def test_identifying_the_robot_leaves_the_training_as_it_was(proxy_run, tmp_path
         policies.append(load_policy(tmp_path / f"run{identify}" / "trials" / "trial_001" / "policy.npz"))
     assert np.array_equal(policies[0].weights, policies[1].weights)
     assert np.array_equal(policies[0].centers, policies[1].centers)
+
+
+def test_mcpilco_identify_prints_the_robot_and_writes_a_design_robot(proxy_run, tmp_path, capsys):
+    from mcpilco_core.simulation import load_robot_profile
+    from mcpilco_ros import cli
+
+    out = tmp_path / "design" / "mine.yaml"
+    assert cli.main(["identify", str(proxy_run), "--trials", "0", "--write", str(out)]) == 0
+    assert "delay 2 steps" in capsys.readouterr().out
+    profile = load_robot_profile(out)
+    config = RunDirectory(proxy_run).load_config()
+    assert profile.imperfections(config.robot).delay_steps(0.002) == 2
+    assert profile.motor_responsiveness == pytest.approx(0.9, abs=0.01)
+    assert profile.plant_parameters(config.robot).cf == pytest.approx((0.16, 0.12), rel=0.1)
+    second = tmp_path / "design" / "other.yaml"                        # a second robot joins the same models file
+    assert cli.main(["identify", str(proxy_run), "--write", str(second)]) == 0
+    assert load_robot_profile(second).plant_model == "identified_other"
+    assert load_robot_profile(out).plant_model == "identified_mine"
+    assert cli.main(["identify", str(proxy_run), "--write", str(out)]) == 2   # never replaces a file
+    assert "exists" in capsys.readouterr().err
+    assert cli.main(["identify", str(tmp_path / "nothing")]) == 2

@@ -67,6 +67,21 @@ def register(subparsers) -> None:
                    help="the simulated robot the check runs on (default: the run's robot profile)")
     p.set_defaults(func=_run_select)
 
+    p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
+                                            "friction, rotor inertia, sensor delay, motor lag, noise (no robot time)",
+                              description="Fits, at the state rate, the training config's prior's viscous and "
+                                          "Coulomb friction and rotor inertia with the sensor delay (whole steps), "
+                                          "the motor lag (applied against commanded torque) and the noise, from "
+                                          "what the trials recorded (learning/identified_robot.py). --write turns "
+                                          "it into a robot profile file: a design robot to choose controller "
+                                          "settings on without robot time (e.g. bench_balance.py --profile).")
+    p.add_argument("run", type=Path,
+                   help="run directory (mcpilco train --out) or session output (mcpilco session --out)")
+    p.add_argument("--trials", type=int, default=None, metavar="K", help="only trials 0..K (default: all)")
+    p.add_argument("--write", type=Path, default=None, metavar="PROFILE.yaml",
+                   help="write a robot profile file; its plant goes into plant_models.yaml beside it (added)")
+    p.set_defaults(func=_run_identify)
+
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
     p.add_argument("policy", type=Path, help="policy file (.npz of this package, or a run's policy.npz)")
     p.add_argument("--realaigym", type=Path, required=True, help="output: RealAIGym MC-PILCO pickle (.np)")
@@ -152,6 +167,34 @@ def _run_select(args: argparse.Namespace) -> int:
     if args.export is not None:
         shutil.copyfile(selection.files[selection.best], args.export)
         print(f"selected trial {selection.best}: {args.export}")
+    return 0
+
+
+def _run_identify(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from .identified_robot import identify_robot, write_profile
+    from .runs import RunError, run_state_recordings
+
+    try:
+        config, recordings = run_state_recordings(args.run)
+    except (RunError, ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.trials is not None:
+        recordings = recordings[: args.trials + 1]
+    found = identify_robot(config.model_robot.plant, recordings, config.robot.actuated_joint, config.robot.torque_limit)
+    if found is None:
+        print(f"error: {args.run}: too few usable state-rate windows in {len(recordings)} trial(s) to identify the "
+              "robot (the states need the driver's effort)", file=sys.stderr)
+        return 2
+    print(f"{args.run}: {len(recordings)} trial(s), prior {config.model_robot.plant.name}: {found.summary()}")
+    if args.write is not None:
+        try:
+            models = write_profile(found, args.write, f"identified from {args.run} ({len(recordings)} trial(s))")
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote the robot profile {args.write} (plant model in {models})")
     return 0
 
 

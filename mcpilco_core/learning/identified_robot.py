@@ -18,10 +18,13 @@ robot would not give.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy.optimize import least_squares
 
 from ..config import PlantParameters
@@ -185,3 +188,46 @@ def identify_robot(prior: PlantParameters, recordings: list[StateRecording], act
         robot = IdentifiedRobot(plant, delay, dt, r, noise, torque_noise, (float(rms[2]), float(rms[3])), len(starts))
         best = (float(np.sum(rms[2:] ** 2)), delay, rms, robot)
     return best[3]
+
+
+def write_profile(robot: IdentifiedRobot, path: str | Path, description: str) -> Path:
+    """Write ``robot`` as a robot profile file (config/robot_profiles.yaml's fields) and its plant as a model of the
+    ``plant_models.yaml`` beside it (added to that file, or the file created): a design robot to choose controller
+    settings on without robot time. Refuses to replace a file or a model of the same name (ValueError). Returns
+    the plant models file."""
+    path = Path(path)
+    if path.exists():
+        raise ValueError(f"{path} exists: choose another name")
+    models = path.parent / "plant_models.yaml"
+    name = f"identified_{path.stem}"
+    p = robot.plant
+    block = (f"  {name}:   # {description}\n"
+             + "".join(f"    {key}: {_yaml_value(getattr(p, key))}\n"
+                       for key in ("m", "l", "r", "I", "Ir", "gr", "b", "cf", "g")))
+    if models.exists():
+        existing = yaml.safe_load(models.read_text(encoding="utf-8")) or {}
+        if name in (existing.get("models") or {}):
+            raise ValueError(f"{models} already holds a model {name!r}: choose another profile name")
+        text = models.read_text(encoding="utf-8")
+        models.write_text(text + ("" if text.endswith("\n") else "\n") + block, encoding="utf-8")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        models.write_text("# Plant models of design robots (mcpilco identify --write)\nmodels:\n" + block,
+                          encoding="utf-8")
+    noise = ", ".join(f"{v:.6g}" for v in robot.measurement_noise)
+    path.write_text(f"# {description} (mcpilco identify --write): the learner's own robot, a design robot\n"
+                    f"description: {json.dumps(description)}\n"
+                    f"plant_model: {name}\n"
+                    f"measurement_noise: [{noise}]   # rad, rad, rad/s, rad/s\n"
+                    f"delay: {robot.delay:.6g}               # s ({robot.delay_steps} steps of {robot.dt:g} s)\n"
+                    f"motor_responsiveness: {robot.motor_responsiveness:.6g}\n"
+                    f"torque_noise: {{actuated: {robot.torque_noise:.6g}, passive: 0.0}}   # N m\n"
+                    "perturbation: 0.0\n"
+                    f"seed: {NOISE_SEED}\n", encoding="utf-8")
+    return models
+
+
+def _yaml_value(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(repr(float(v)) for v in value) + "]"
+    return repr(float(value))

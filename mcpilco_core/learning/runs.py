@@ -390,3 +390,20 @@ def _describe(record: TrialRecord) -> str:
                      f"velocity noise ({noise[2]:.3f}, {noise[3]:.3f}) rad/s")
     parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))
     return "; ".join(parts)
+
+
+def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
+    """(training config, every trial at the state rate in trial order) of a run directory (``mcpilco train
+    --out``) or a session's output (``mcpilco session --out``: its bags), e.g. to identify the robot from them."""
+    from ..recording import load_sessions
+    from .learner import state_recording
+
+    root = Path(root)
+    if (root / "retrain").is_dir() and (root / "session").is_dir():
+        config = load_train_config(root / "retrain" / "train_config.yaml")
+        trials = load_sessions([root / "session"], config.robot).trials
+        return config, [t.states for t in trials if t.states is not None]
+    run = RunDirectory(root)
+    config = run.load_config()
+    return config, [state_recording(run.load_trial(k, config.robot.robot).trajectory)
+                    for k in run.completed_trials()]

@@ -46,7 +46,7 @@ from .cost import CostSettings, trajectory_cost
 from .identified_robot import identify_robot
 from .model import DynamicsModel, particle_noise, rollout
 from .protocol import on_model, protocol_scores
-from .runs import RunDirectory
+from .runs import RunDirectory, run_state_recordings
 from .torch_policy import TorchPolicy
 
 
@@ -250,8 +250,6 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     """Every trial's policy scored on the run's newest model (see the module docstring: the protocol on the model
     unless ``protocol`` is None, and the model cost), then the robot check if asked; ``root`` may also be the
     output of ``mcpilco session`` (:func:`select_session_policy`)."""
-    from .learner import state_recording
-
     if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
         return select_session_policy(root, particles, horizon, seed, check, protocol)
     run = RunDirectory(root)
@@ -266,8 +264,7 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     model = DynamicsModel(config.model_robot, config.gp)
     model.load_arrays(newest.model_arrays, "cpu", torch.float64)
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
-    choose_learner_robot(model, config, protocol,
-                         lambda: [state_recording(run.load_trial(k, config.robot.robot).trajectory) for k in trials])
+    choose_learner_robot(model, config, protocol, lambda: run_state_recordings(run.root)[1])
     return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check,
                  protocol)
 
@@ -296,7 +293,7 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    choose_learner_robot(model, config, protocol, lambda: [t.states for t in trials if t.states is not None])
+    choose_learner_robot(model, config, protocol, lambda: run_state_recordings(root)[1])
     return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check, protocol)
 
 
