@@ -222,3 +222,29 @@ def test_retrain_keeps_the_best_judged_snapshot_and_says_so(tmp_path, pendubot_c
     assert result["timings_s"]["snapshot_judge"] > 0
     history = json.loads((out / "retrain.json").read_text())
     assert history["retrains"][0]["kept_step"] == result["kept_step"]
+
+
+def test_retrain_identifies_the_robot_from_the_bags_and_records_it(tmp_path, pendubot_config, tiny_config, capsys):
+    """gp.identify_robot in a retrain (what a session runs): the robot behind real bags of a hardware-proxy robot
+    (measured states, the driver's effort, the controller's commands), in retrain.json, the log and the model."""
+    data = yaml.safe_load(tiny_config.read_text())
+    data["gp"]["identify_robot"] = True
+    tiny_config.write_text(yaml.safe_dump(data))
+    session = recording.SessionDirectory.create(tmp_path / "s", pendubot_config)
+    for seed in (1, 2):
+        explorer = ExplorationController(pendubot_config, 3.0, np.random.default_rng(seed))
+        traj = run_on_robot(pendubot_config, explorer, np.zeros(4), 1.5, "hardware_proxy", seed)
+        recorder = session.start_trial("none")
+        write_stream(recorder, traj.extras["x_measured"], np.vstack([np.zeros((1, 2)), traj.u]), traj.u_cmd,
+                     ["policy"] * len(traj.u))
+        session.finish_trial(recorder)
+    out = tmp_path / "run"
+    assert retrain_main(["retrain", "--sessions", str(session.root), "--out", str(out), "--config",
+                         str(tiny_config), "--json"]) == 0
+    robot = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["identified_robot"]
+    assert robot["delay_steps"] == 2 and robot["motor_responsiveness"] == pytest.approx(0.9, abs=0.01)
+    assert robot["cf"] == pytest.approx([0.16, 0.12], rel=0.1)
+    assert json.loads((out / "retrain.json").read_text())["retrains"][0]["identified_robot"] == robot
+    assert "identified robot" in (out / "log.txt").read_text()
+    with np.load(out / "models" / "model_000.npz") as arrays:
+        assert arrays["robot_sensors_motors"][0] == 2

@@ -56,6 +56,7 @@ class RetrainResult:
     snapshots: list[tuple[int, float]] = field(default_factory=list)   # optimizer.snapshot_every: (step, score)
     kept_step: int | None = None                                        # the snapshot exported (None: the last)
     start_scores: list[float] = field(default_factory=list)             # optimizer.starts_first > 1: each start's
+    identified_robot: dict | None = None        # gp.identify_robot: IdentifiedRobot.to_dict() (also in the model)
 
     def to_dict(self) -> dict:
         return {"index": self.index, "policy": str(self.policy_path), "policy_version": self.policy_version,
@@ -63,7 +64,7 @@ class RetrainResult:
                 "notes": self.notes,
                 "timings_s": self.timings, "final_model_cost": self.final_cost,
                 "snapshots": [list(s) for s in self.snapshots], "kept_step": self.kept_step,
-                "start_scores": self.start_scores}
+                "start_scores": self.start_scores, "identified_robot": self.identified_robot}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,13 +269,16 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
     path = run.export(new_policy, index, retrain=index, trials=len(loaded.trials))
     result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
                            opt.cost[-1] if opt.cost else None, notes, list(opt.snapshots), opt.kept_step,
-                           list(opt.start_scores))
+                           list(opt.start_scores),
+                           learner.model.robot.to_dict() if learner.model.robot is not None else None)
     run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
                                             "warm_start_model": str(model_file or ""),
                                             "warm_start_policy": str(policy_file or ""),
                                             "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     run.log(f"retrain {index}: {len(loaded.trials)} trials, {len(data)} transitions -> {path.name} "
             f"(version {result.policy_version}); " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    if learner.model.robot is not None:
+        run.log(f"retrain {index}: identified robot {learner.model.robot.summary()}")
     return result
 
 
