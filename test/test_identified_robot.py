@@ -127,7 +127,7 @@ def test_the_learner_identifies_the_robot_and_judges_its_snapshots_there(proxy_r
     robot, profile = on_model(config, model)
     controller = build_controller(config.robot, record.policy)
     assert evaluate_seed(controller, robot, 3000, 1.0, False, profile).score == pytest.approx(kept, abs=1e-12)
-    assert "delay 4 ms" in (proxy_run / "log.txt").read_text()     # every trial's line says what it identified
+    assert "delay 2 steps (the state 4 ms old)" in (proxy_run / "log.txt").read_text()   # every trial's line
 
 
 def test_select_ranks_on_the_identified_robot_or_on_the_plant_as_asked(proxy_run, tmp_path):
@@ -184,3 +184,13 @@ def test_mcpilco_identify_prints_the_robot_and_writes_a_design_robot(proxy_run, 
     assert cli.main(["identify", str(proxy_run), "--write", str(out)]) == 2   # never replaces a file
     assert "exists" in capsys.readouterr().err
     assert cli.main(["identify", str(tmp_path / "nothing")]) == 2
+
+
+def test_a_models_file_that_does_not_end_in_its_models_is_left_as_it_was(proxy_run, tmp_path, capsys):
+    from mcpilco_ros import cli
+
+    models = tmp_path / "plant_models.yaml"
+    text = "models:\n  other: {m: [1, 1], l: [1, 1], r: [1, 1], I: [2, 2]}\nnotes: a key after the models\n"
+    models.write_text(text)
+    assert cli.main(["identify", str(proxy_run), "--write", str(tmp_path / "mine.yaml")]) == 2
+    assert models.read_text() == text and not (tmp_path / "mine.yaml").exists()

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
                    help="the learner's robot the protocol runs on: what the newest model holds (model: the robot "
                         "identified at the state rate with gp.identify_robot, else the prior's plant with ideal "
                         "sensors and motors), the prior's plant always (plant), or the robot identified now from "
-                        "the run's recorded trials (identified: friction, Ir, sensor delay, motor lag, noise)")
+                        "all the run's recorded trials, anew (identified: friction, Ir, sensor delay, motor lag, "
+                        "noise)")
     p.add_argument("--check", type=int, default=0, metavar="K",
                    help="check the best K ranked policies on the robot (0 = off; counted robot time)")
     p.add_argument("--check-seconds", type=float, default=20.0, help="s of the protocol per checked policy")

@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from ..config import PlantParameters
+from ..config import ConfigError, PlantParameters, load_plant_parameters
 from ..plant import DoublePendulum
 from ..recording.state_rate import StateRecording
 from .identification import LOWER, SCALE, UPPER, parameters_of, with_parameters
@@ -35,6 +35,7 @@ from .identification import LOWER, SCALE, UPPER, parameters_of, with_parameters
 WINDOW = 10            # state steps per fitted window (20 ms at 500 Hz: one policy period)
 MAX_DELAY_STEPS = 5    # delays tried: 0 .. 5 state steps (0 .. 10 ms at 500 Hz)
 MAX_WINDOWS = 1500     # windows per fit (a random subset): about a second per delay tried
+MIN_WINDOWS = 50       # fewer usable windows: nothing identified
 NOISE_SEED = 7919      # the identified robot's own noise streams (profile seed), apart from the simulated robots'
                        # profiles (seed 0): a judge must not replay the robot's very noise
 
@@ -92,35 +93,42 @@ class IdentifiedRobot:
         p = self.plant
         noise = ", ".join(f"{v:.3g}" for v in self.measurement_noise)
         return (f"b {p.b[0]:.4f} / {p.b[1]:.4f} N m s/rad, cf {p.cf[0]:.3f} / {p.cf[1]:.3f} N m, Ir {p.Ir:.3g} kg m^2, "
-                f"delay {self.delay_steps} steps, r {self.motor_responsiveness:.3f}, noise ({noise}), torque noise "
+                f"delay {self.delay_steps} steps (the state {self.delay_steps * self.dt * 1e3:g} ms old), "
+                f"r {self.motor_responsiveness:.3f}, noise ({noise}), torque noise "
                 f"{self.torque_noise:.3g} N m ({self.windows} windows)")
 
     def to_dict(self) -> dict:
-        return {"b": list(self.plant.b), "cf": list(self.plant.cf), "Ir": self.plant.Ir, "delay": self.delay,
-                "delay_steps": self.delay_steps, "motor_responsiveness": self.motor_responsiveness,
+        return {"b": list(self.plant.b), "cf": list(self.plant.cf), "Ir": self.plant.Ir,
+                # the profile's delay: delay_steps = int(profile_delay_s / dt)
+                "delay_steps": self.delay_steps, "profile_delay_s": self.delay,
+                "dt": self.dt, "motor_responsiveness": self.motor_responsiveness,
                 "measurement_noise": list(self.measurement_noise), "torque_noise": self.torque_noise,
                 "residual": list(self.residual), "windows": self.windows}
 
 
-def _windows(recordings: list[StateRecording], delay: int, rng: np.random.Generator):
-    """(start states (M, 4), applied torques (M, WINDOW, 2), end states (M, 4)) of windows whose steps, shifted by
-    ``delay`` (the measured state k is the true state k - delay), are all valid."""
-    starts, torques, ends = [], [], []
-    for rec in recordings:
+def _windows(recordings: list[StateRecording], rng: np.random.Generator) -> list[tuple[int, int]]:
+    """(recording, k) of the windows every tried delay can use: all steps from k - MAX_DELAY_STEPS to k + WINDOW
+    valid. One random subset of at most MAX_WINDOWS, shared by every delay, so their residuals compare on the
+    same data."""
+    picks = []
+    for i, rec in enumerate(recordings):
         ok = np.concatenate([[0], np.cumsum(rec.valid)])   # ok[b] - ok[a]: valid steps in [a, b)
-        k = np.arange(delay, len(rec.effort) - WINDOW + 1)
-        k = k[ok[k + WINDOW] - ok[k - delay] == WINDOW + delay]   # every step from k - delay to k + WINDOW valid
-        if not len(k):
-            continue
-        starts.append(rec.x[k])
-        torques.append(np.stack([rec.effort[k - delay + j] for j in range(WINDOW)], axis=1))
-        ends.append(rec.x[k + WINDOW])
-    if not starts:
-        return np.zeros((0, 4)), np.zeros((0, WINDOW, 2)), np.zeros((0, 4))
-    starts, torques, ends = np.concatenate(starts), np.concatenate(torques), np.concatenate(ends)
-    if len(starts) > MAX_WINDOWS:
-        keep = np.sort(rng.choice(len(starts), MAX_WINDOWS, replace=False))
-        starts, torques, ends = starts[keep], torques[keep], ends[keep]
+        k = np.arange(MAX_DELAY_STEPS, len(rec.effort) - WINDOW + 1)
+        k = k[ok[k + WINDOW] - ok[k - MAX_DELAY_STEPS] == WINDOW + MAX_DELAY_STEPS]
+        picks.extend((i, int(j)) for j in k)
+    if len(picks) > MAX_WINDOWS:
+        keep = np.sort(rng.choice(len(picks), MAX_WINDOWS, replace=False))
+        picks = [picks[j] for j in keep]
+    return picks
+
+
+def _window_data(recordings: list[StateRecording], picks: list[tuple[int, int]], delay: int):
+    """(start states (M, 4), applied torques (M, WINDOW, 2), end states (M, 4)) of the windows ``picks`` for a
+    sensor ``delay`` (steps): the measured state k is the true state k - delay, so the torques applied over steps
+    k - delay .. k - delay + WINDOW - 1 carry it to the measured state k + WINDOW."""
+    starts = np.array([recordings[i].x[k] for i, k in picks])
+    torques = np.array([recordings[i].effort[k - delay:k - delay + WINDOW] for i, k in picks])
+    ends = np.array([recordings[i].x[k + WINDOW] for i, k in picks])
     return starts, torques, ends
 
 
@@ -162,20 +170,19 @@ def identify_robot(prior: PlantParameters, recordings: list[StateRecording], act
                    rng: np.random.Generator | None = None) -> IdentifiedRobot | None:
     """The robot behind ``recordings``: for each delay of 0 .. MAX_DELAY_STEPS state steps the prior's b, cf and Ir
     are fitted to 10-step windows (velocity after the window, rad/s); the delay whose fit leaves the least residual
-    wins. The measurement noise is the residual over sqrt(2) (noise at both ends of a window), per joint and
-    coordinate; the
-    motor lag and torque noise come from :func:`motor_lag`. None without enough usable windows (50)."""
+    wins; every delay is fitted on the same windows. The measurement noise is the residual over sqrt(2) (noise at
+    both ends of a window), per joint and coordinate; the motor lag and torque noise come from :func:`motor_lag`.
+    ``recordings`` may hold None (a trial without effort). None without MIN_WINDOWS usable windows."""
     rng = rng or np.random.default_rng(0)
-    recordings = [r for r in recordings if len(r.effort) > WINDOW + MAX_DELAY_STEPS]
-    if not recordings:
+    recordings = [r for r in recordings if r is not None and len(r.effort) > WINDOW + MAX_DELAY_STEPS]
+    picks = _windows(recordings, rng)
+    if len(picks) < MIN_WINDOWS:
         return None
     dt = recordings[0].dt
-    best = None
+    r, torque_noise = motor_lag(recordings, actuated, torque_limit)
+    best: tuple[float, IdentifiedRobot] | None = None
     for delay in range(MAX_DELAY_STEPS + 1):
-        starts, torques, ends = _windows(recordings, delay, rng)
-        if len(starts) < 50:
-            return None if best is None else best[3]
-        plant, error = _fit_plant(prior, starts, torques, ends, dt)
+        plant, error = _fit_plant(prior, *_window_data(recordings, picks, delay), dt)
         rms = np.sqrt(np.mean(error ** 2, axis=0))
         if best is not None and float(np.sum(rms[2:] ** 2)) >= best[0]:
             continue
@@ -184,10 +191,9 @@ def identify_robot(prior: PlantParameters, recordings: list[StateRecording], act
         # over the window (velocity noise x WINDOW dt)
         position = np.sqrt(np.maximum(rms[:2] ** 2 - (velocity * WINDOW * dt) ** 2, 0.0) / 2.0)
         noise = tuple(float(v) for v in (*position, *velocity))
-        r, torque_noise = motor_lag(recordings, actuated, torque_limit)
-        robot = IdentifiedRobot(plant, delay, dt, r, noise, torque_noise, (float(rms[2]), float(rms[3])), len(starts))
-        best = (float(np.sum(rms[2:] ** 2)), delay, rms, robot)
-    return best[3]
+        robot = IdentifiedRobot(plant, delay, dt, r, noise, torque_noise, (float(rms[2]), float(rms[3])), len(picks))
+        best = (float(np.sum(rms[2:] ** 2)), robot)
+    return best[1]
 
 
 def write_profile(robot: IdentifiedRobot, path: str | Path, description: str) -> Path:
@@ -210,6 +216,11 @@ def write_profile(robot: IdentifiedRobot, path: str | Path, description: str) ->
             raise ValueError(f"{models} already holds a model {name!r}: choose another profile name")
         text = models.read_text(encoding="utf-8")
         models.write_text(text + ("" if text.endswith("\n") else "\n") + block, encoding="utf-8")
+        try:                                     # appended under `models:` only if that is the file's last key
+            load_plant_parameters(models, name)
+        except ConfigError as exc:
+            models.write_text(text, encoding="utf-8")
+            raise ValueError(f"{models}: could not add the model {name} at its end ({exc}); left as it was") from exc
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         models.write_text("# Plant models of design robots (mcpilco identify --write)\nmodels:\n" + block,

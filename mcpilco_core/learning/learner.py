@@ -643,7 +643,8 @@ class Learner:
         t, x, u = learning_data(trajectory)
         if len(u) >= 1:
             self.data = self.data.concat(transitions_from_trajectory(t, x, u, cfg.policy_period, cfg.actuated_joint))
-        self.recordings.append(state_recording(trajectory))
+        if self.config.gp.identify_robot and len(trajectory.u) >= 1:
+            self.recordings.append(state_recording(trajectory))
 
     def restore(self, records: list[TrialRecord], initial_pool: np.ndarray) -> None:
         """Rebuild the learner after the given (complete) trials, e.g. for --resume."""
@@ -735,9 +736,12 @@ class Learner:
         cfg = self.config
         found = identify_robot(cfg.model_robot.plant, self.recordings, cfg.robot.actuated_joint,
                                cfg.robot.torque_limit, np.random.default_rng([cfg.seed, k, 4]))
-        if found is not None:
-            self.model.robot = found
-            LOG.info("trial %d: identified robot %s", k, found.summary())
+        if found is None:
+            kept = "keeps the last one identified" if self.model.robot is not None else "runs on the GP prior's plant"
+            LOG.warning("trial %d: too few usable state-rate windows to identify the robot; the judge %s", k, kept)
+            return
+        self.model.robot = found
+        LOG.info("trial %d: identified robot %s", k, found.summary())
 
     def protocol_judge(self):
         """The optimiser's judge of a snapshot (``optimizer.snapshot_every``; None when 0): the mean fraction of

@@ -386,7 +386,7 @@ def _describe(record: TrialRecord) -> str:
         b1, b2, cf1, cf2, ir = s["identified_robot"]["b_cf_Ir"]
         steps, dt, r, *noise = s["identified_robot"]["sensors_motors"][:7]
         parts.append(f"robot b ({b1:.4f}, {b2:.4f}), cf ({cf1:.3f}, {cf2:.3f}), Ir {ir:.2e}, "
-                     f"delay {steps * dt * 1e3:.0f} ms, r {r:.3f}, "
+                     f"delay {steps:.0f} steps (the state {steps * dt * 1e3:g} ms old), r {r:.3f}, "
                      f"velocity noise ({noise[2]:.3f}, {noise[3]:.3f}) rad/s")
     parts.append("times " + ", ".join(f"{k} {v:.1f} s" for k, v in record.timings.items()))
     return "; ".join(parts)
@@ -394,7 +394,8 @@ def _describe(record: TrialRecord) -> str:
 
 def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
     """(training config, every trial at the state rate in trial order) of a run directory (``mcpilco train
-    --out``) or a session's output (``mcpilco session --out``: its bags), e.g. to identify the robot from them."""
+    --out``) or a session's output (``mcpilco session --out``: its readable bags, None for one whose states carry no
+    effort), e.g. to identify the robot from them."""
     from ..recording import load_sessions
     from .learner import state_recording
 
@@ -402,7 +403,7 @@ def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
     if (root / "retrain").is_dir() and (root / "session").is_dir():
         config = load_train_config(root / "retrain" / "train_config.yaml")
         trials = load_sessions([root / "session"], config.robot).trials
-        return config, [t.states for t in trials if t.states is not None]
+        return config, [t.states for t in trials]
     run = RunDirectory(root)
     config = run.load_config()
     return config, [state_recording(run.load_trial(k, config.robot.robot).trajectory)

@@ -90,7 +90,7 @@ class ModelProtocol:
     robot: which learner's robot it runs on (protocol.on_model): ``model`` = what the newest model holds (the
     robot identified at the state rate when the run had ``gp.identify_robot``, else the GP prior's plant with
     ideal sensors and motors); ``plant`` = the GP prior's plant, ideal, always; ``identified`` = the robot
-    identified now from the run's recorded trials when the model holds none (identified_robot.py)."""
+    identified anew from all the run's recorded trials (identified_robot.py), whatever the model holds."""
 
     seeds: tuple[int, ...] = (2000, 2001, 2002, 2003)
     seconds: float = 60.0
@@ -304,7 +304,7 @@ def choose_learner_robot(model: DynamicsModel, config, protocol: ModelProtocol |
         return
     if protocol.robot == "plant":
         model.robot = None
-    elif model.robot is None:
+    else:
         model.robot = identify_robot(config.model_robot.plant, recordings(), config.robot.actuated_joint,
                                      config.robot.torque_limit)
         if model.robot is None:

@@ -40,8 +40,9 @@ def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, ef
                        command_t_ns: np.ndarray, command_u: np.ndarray, reset: np.ndarray) -> StateRecording | None:
     """A recorded trial's streams (recording.reader.RawTrial's arrays): ``effort[j]`` acted over the step ending at
     state j; the command of a step is the newest one stamped at or before the state it answers (the controller
-    stamps a command with its state). Steps whose interval is not the median one (a gap, a dropped state) and steps
-    next to a reset-marked state are not valid. None when the states carry no effort."""
+    stamps a command with its state; a command older than half a step at a state is not that step's: unknown).
+    Steps whose interval is not the median one (a gap, a dropped state), steps next to a reset-marked state and
+    steps next to a non-finite state are not valid. None when the states carry no effort."""
     if len(effort) != len(state_t_ns) or len(state_t_ns) < 3:
         return None
     t = (np.asarray(state_t_ns, np.int64) - int(state_t_ns[0])) * 1e-9
@@ -55,7 +56,12 @@ def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, ef
     if len(command_t_ns):
         order = np.argsort(command_t_ns, kind="stable")
         ct, cu = np.asarray(command_t_ns)[order], np.asarray(command_u, float)[order]
-        idx = np.searchsorted(ct, np.asarray(state_t_ns[:-1]), side="right") - 1
-        command[idx >= 0] = cu[idx[idx >= 0]]
+        stamps = np.asarray(state_t_ns[:-1], np.int64)
+        idx = np.searchsorted(ct, stamps, side="right") - 1
+        # only the command answering the step's own state: an older one (a dropped command, a stalled controller)
+        # was not what the motors were asked for then
+        fresh = (idx >= 0) & (stamps - ct[np.maximum(idx, 0)] < 0.5 * dt * 1e9)
+        command[fresh] = cu[idx[fresh]]
     x = np.column_stack([q, dq]).astype(float)
-    return StateRecording(dt, x, np.asarray(effort[1:], float), command, valid & np.isfinite(x[1:]).all(axis=1))
+    finite = np.isfinite(x).all(axis=1)
+    return StateRecording(dt, x, np.asarray(effort[1:], float), command, valid & finite[:-1] & finite[1:])
