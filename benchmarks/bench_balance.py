@@ -74,7 +74,9 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
 
 
 def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int,
-                 profile: str = "hardware_proxy", q_scales: tuple[float, ...] = (1.0,)) -> None:
+                 profile: str = "hardware_proxy", q_scales: tuple[float, ...] = (1.0,),
+                 amplitudes: tuple[float, ...] = (0.0, 2.0, 3.0, 4.0, 5.0, 6.0),
+                 frequencies: tuple[float, ...] = (3.0, 5.0, 8.0), shapes: tuple[str, ...] = ("sine", "square")) -> None:
     """The robot config's LQR (always in charge; its Q scaled by each of ``q_scales``) plus a shake of amplitude
     A (N m) at f (Hz), sine or square, on the robot ``profile``: catch rate per start level (the levels of the
     unscaled LQR, so every row starts from the same states), best mean first."""
@@ -92,10 +94,10 @@ def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: 
         rows = []
         for q_scale in q_scales:
             lqr = dataclasses.replace(config.lqr, Q_diag=tuple(float(q) * q_scale for q in config.lqr.Q_diag))
-            for amplitude in (0.0, 2.0, 3.0, 4.0, 5.0, 6.0):
-                for frequency in (3.0, 5.0, 8.0):
-                    for shape in ("sine", "square"):
-                        if amplitude == 0.0 and (frequency, shape) != (5.0, "sine"):
+            for amplitude in amplitudes:
+                for frequency in frequencies:
+                    for shape in shapes:
+                        if amplitude == 0.0 and (frequency, shape) != (frequencies[0], shapes[0]):
                             continue
                         cfg = dataclasses.replace(config, roa=always, lqr=lqr,
                                                   dither=BalanceDitherConfig(amplitude, frequency, shape))
@@ -160,10 +162,15 @@ def main() -> int:
                                                                     "file, e.g. config/design_robots/*.yaml)")
     parser.add_argument("--q-scales", type=float, nargs="+", default=[1.0],
                         help="--dither-sweep: also the LQR with its Q times each of these")
+    parser.add_argument("--amplitudes", type=float, nargs="+", default=[0.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+                        help="--dither-sweep: shake amplitudes (N m)")
+    parser.add_argument("--frequencies", type=float, nargs="+", default=[3.0, 5.0, 8.0],
+                        help="--dither-sweep: shake frequencies (Hz)")
+    parser.add_argument("--shapes", nargs="+", choices=("sine", "square"), default=["sine", "square"])
     args = parser.parse_args()
     if args.dither_sweep:
         dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed, args.profile,
-                     tuple(args.q_scales))
+                     tuple(args.q_scales), tuple(args.amplitudes), tuple(args.frequencies), tuple(args.shapes))
         return 0
     if args.robust_search:
         robust_search(args.robots, args.restarts, args.seed)
