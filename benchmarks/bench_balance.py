@@ -76,7 +76,8 @@ def design_sweep(robots: list[str], samples: int, horizon: float, seed: int) -> 
 def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: float, seed: int,
                  profile: str = "hardware_proxy", q_scales: tuple[float, ...] = (1.0,),
                  amplitudes: tuple[float, ...] = (0.0, 2.0, 3.0, 4.0, 5.0, 6.0),
-                 frequencies: tuple[float, ...] = (3.0, 5.0, 8.0), shapes: tuple[str, ...] = ("sine", "square")) -> None:
+                 frequencies: tuple[float, ...] = (3.0, 5.0, 8.0),
+                 shapes: tuple[str, ...] = ("sine", "square")) -> None:
     """The robot config's LQR (always in charge; its Q scaled by each of ``q_scales``) plus a shake of amplitude
     A (N m) at f (Hz), sine or square, on the robot ``profile``: catch rate per start level (the levels of the
     unscaled LQR, so every row starts from the same states), best mean first."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_selection import tiny_run
 
 from mcpilco_core.config import load_plant_parameters
 from mcpilco_core.control import build_controller
@@ -97,19 +98,11 @@ def test_the_identified_robot_is_saved_with_the_model_and_the_protocol_runs_on_i
 @pytest.fixture(scope="module")
 def proxy_run(tmp_path_factory) -> Path:
     """A finished 3-trial run on the hardware proxy with gp.identify_robot and the snapshot judge."""
-    root = tmp_path_factory.mktemp("identified")
-    data = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
-    data.update(robot_config=str(REPO / "config" / "pendubot_dither.yaml"), robot_profile="hardware_proxy",
-                horizon=0.3, particles=8, trial_duration=0.4, trials=3, exploration={"duration": 1.0, "amplitude": 3.0},
-                gp={"fit_steps": 3, "fit_points": 30, "max_points": 20, "identify": True, "identify_robot": True},
-                optimizer={"max_steps_first": 4, "max_steps": 4, "patience": 4, "smoothing": 0.9,
-                           "snapshot_every": 2, "snapshot_seeds": [3000], "snapshot_seconds": 1.0},
-                policy={"num_basis": 5},
-                initial_state={"k_m": 5, "K": 10, "disturbance_fraction": 0.5, "disturbance_from_trial": 1,
-                               "disturbance_seeds": [1000], "pool_seeds_per_trial": 1})
-    (root / "train.yaml").write_text(yaml.safe_dump(data))
-    train(load_train_config(root / "train.yaml"), root / "run")
-    return root / "run"
+    return tiny_run(tmp_path_factory.mktemp("identified"), robot_config=str(REPO / "config" / "pendubot_dither.yaml"),
+                    robot_profile="hardware_proxy", trials=3, exploration={"duration": 1.0, "amplitude": 3.0},
+                    gp={"fit_steps": 3, "fit_points": 30, "max_points": 20, "identify": True, "identify_robot": True},
+                    optimizer={"max_steps_first": 4, "max_steps": 4, "patience": 4, "smoothing": 0.9,
+                               "snapshot_every": 2, "snapshot_seeds": [3000], "snapshot_seconds": 1.0})
 
 
 def test_the_learner_identifies_the_robot_and_judges_its_snapshots_there(proxy_run):

@@ -28,10 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A finished 4-trial run whose particles start from post-disturbance states from trial 1 on."""
-    root = tmp_path_factory.mktemp("selection")
+def tiny_run(root: Path, **changes) -> Path:
+    """A finished tiny run (train_tiny.yaml, 4 trials unless ``changes`` say otherwise) whose particles start from
+    post-disturbance states from trial 1 on; ``changes`` replace top-level keys of the training file."""
     data = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
     data.update(robot_config=str(REPO / "config" / "pendubot.yaml"), horizon=0.3, particles=8, trial_duration=0.4,
                 trials=4, exploration={"duration": 0.6, "amplitude": 3.0},
@@ -40,9 +39,15 @@ def run(tmp_path_factory) -> Path:
                 policy={"num_basis": 5},
                 initial_state={"k_m": 5, "K": 10, "disturbance_fraction": 0.5, "disturbance_from_trial": 1,
                                "disturbance_seeds": [1000], "pool_seeds_per_trial": 1})
+    data.update(changes)
     (root / "train.yaml").write_text(yaml.safe_dump(data))
     train(load_train_config(root / "train.yaml"), root / "run")
     return root / "run"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("selection"))
 
 
 def test_every_trial_policy_is_ranked_on_the_newest_model_without_the_robot(run, tmp_path, monkeypatch):
