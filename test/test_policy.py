@@ -324,19 +324,20 @@ class zipfile_replace:  # noqa: N801 - a context manager used like a function
         self.out.unlink()
 
 
-def test_hardware_proxy_policy_runs_on_the_proxy_without_passive_torque(repo):
-    """policies/pendubot_hardware_proxy.npz (learned on the hardware-proxy robot) with its config, the LQR plus the
-    balance dither: swings up and is held, with exactly 0 N m on the passive joint. (No acrobot file is shipped: its
-    proxy run did not beat the nominal policy there, docs/learner.md.)"""
-    robot = "pendubot"
+@pytest.mark.parametrize("robot, seconds, lqr_share, uptime",
+                         [("pendubot", 6.0, 0.2, 2.0), ("acrobot", 10.0, 0.01, 1.0)])
+def test_hardware_proxy_policy_runs_on_the_proxy_without_passive_torque(repo, robot, seconds, lqr_share, uptime):
+    """policies/<robot>_hardware_proxy.npz (learned on the hardware-proxy robot) with its config, the LQR plus the
+    balance dither: swings up and is up for a while, with exactly 0 N m on the passive joint. (The acrobot's is up
+    mostly under its policy: the LQR holds it 8-11 % of the time, docs/learner.md.)"""
     path = repo / "policies" / f"{robot}_hardware_proxy.npz"
     policy = load_policy(path, robot=robot, torque_limit=6.0)
     assert policy.robot == robot and np.isfinite(policy.weights).all()
     spec = ControllerSpec(str(repo / "config" / f"{robot}_dither.yaml"), str(path))
-    (result,) = evaluate_seeds(spec, [0], duration=6.0, profile="hardware_proxy")
+    (result,) = evaluate_seeds(spec, [0], duration=seconds, profile="hardware_proxy")
     assert result.passive_max_torque == 0.0 and result.passive_max_applied_torque == 0.0
-    assert result.mode_fractions.get("lqr", 0.0) > 0.2 and result.robot_profile == "hardware_proxy"
-    assert result.uptime > 2.0
+    assert result.mode_fractions.get("lqr", 0.0) > lqr_share and result.robot_profile == "hardware_proxy"
+    assert result.uptime > uptime
 
 
 def test_the_compensated_proxy_policy_says_so_and_bounds_the_passive_joint(repo):
