@@ -293,7 +293,7 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
     files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    choose_learner_robot(model, config, protocol, lambda: run_state_recordings(root)[1])
+    choose_learner_robot(model, config, protocol, lambda: [t.states for t in trials])   # the bags read above
     return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check, protocol)
 
 
