@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import load_plant_parameters  # noqa: E402
 from mcpilco_core.learning.identification import predicted_velocities  # noqa: E402
-from mcpilco_core.learning.identified_robot import delayed_velocities  # noqa: E402
+from mcpilco_core.learning.identified_robot import delayed_velocities, with_previous_commands  # noqa: E402
 from mcpilco_core.learning.learner import learning_data  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
 from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
@@ -38,8 +38,9 @@ def run_transitions(run: RunDirectory, config) -> tuple[TransitionData, np.ndarr
         d = transitions_from_trajectory(t, x, u, config.robot.policy_period, config.robot.actuated_joint)
         if len(d.u) < 2:
             continue
-        parts.append(TransitionData(d.x[1:], d.u[1:], d.x_next[1:]))
-        previous.append(np.asarray(d.u[:-1], dtype=float))
+        later, before = with_previous_commands(d)
+        parts.append(later)
+        previous.append(before)
     return (TransitionData(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "u", "x_next"))),
             np.concatenate(previous))
 

@@ -196,23 +196,21 @@ def test_a_delayed_robots_transition_needs_the_previous_command(pendubot_config,
     to the motor lag's leftover (r = 0.9: the applied torque starts at the previous command, not where the lag left
     it), while holding the torque over the period (the GP's prior) misses by far more."""
     from mcpilco_core.learning.identification import predicted_velocities
-    from mcpilco_core.learning.identified_robot import delayed_velocities
+    from mcpilco_core.learning.identified_robot import delayed_velocities, with_previous_commands
     from mcpilco_core.learning.learner import learning_data
-    from mcpilco_core.recording.transitions import TransitionData, transitions_from_trajectory
+    from mcpilco_core.recording.transitions import transitions_from_trajectory
     from mcpilco_core.simulation import RobotProfile
 
     plant = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
     profile = RobotProfile(name="late", plant_model="model_1.0", plant_models_file=str(repo / "config" /
                            "plant_models.yaml"), delay=0.005, motor_responsiveness=responsiveness)
     t, x, u = learning_data(exploration(pendubot_config, profile, 3, seconds=2.0))
-    d = transitions_from_trajectory(t, x, u, pendubot_config.policy_period, 0)
-    data = TransitionData(d.x[1:], d.u[1:], d.x_next[1:])
-    previous = np.asarray(d.u[:-1], dtype=float)
+    data, previous = with_previous_commands(transitions_from_trajectory(t, x, u, pendubot_config.policy_period, 0))
+    assert np.array_equal(previous[1:], np.asarray(data.u[:-1], dtype=float).reshape(-1))   # the one before
     held = predicted_velocities(plant, data, 0.02, 0) - data.x_next[:, 2:]
-    delayed = delayed_velocities(plant, data.x, data.u, previous, 0.02, 0.002, 0, 2, responsiveness)
-    delayed -= data.x_next[:, 2:]
+    predicted = delayed_velocities(plant, data.x, data.u, previous, 0.02, 0.002, 0, 2, responsiveness)
+    delayed = predicted - data.x_next[:, 2:]
     assert np.sqrt(np.mean(held ** 2)) > 0.05                     # rad/s
     assert np.sqrt(np.mean(delayed ** 2)) < (1e-6 if responsiveness == 1.0 else 0.1 * np.sqrt(np.mean(held ** 2)))
     robot = IdentifiedRobot(plant, 2, 0.002, responsiveness, (0.0, 0.0, 0.0, 0.0), 0.0, (0.0, 0.0), 1)
-    assert np.array_equal(robot.transition_velocities(data.x, data.u, previous, 0.02, 0),
-                          delayed + data.x_next[:, 2:])
+    assert np.array_equal(robot.transition_velocities(data.x, data.u, previous, 0.02, 0), predicted)

@@ -30,6 +30,7 @@ from scipy.optimize import least_squares
 from ..config import ConfigError, PlantParameters, load_plant_parameters
 from ..plant import DoublePendulum
 from ..recording.state_rate import StateRecording
+from ..recording.transitions import TransitionData
 from .identification import LOWER, SCALE, UPPER, parameters_of, with_parameters
 
 WINDOW = 10            # state steps per fitted window (20 ms at 500 Hz: one policy period)
@@ -125,18 +126,20 @@ def delayed_velocities(plant: PlantParameters, x: np.ndarray, u: np.ndarray, u_p
     torque held misses by 0.14 / 0.28 rad/s (acrobot) and 0.21 / 0.32 rad/s (pendubot) per step; this way by
     0.10 / 0.16 and 0.13 / 0.18 (``benchmarks/bench_transition_delay.py``).
     """
-    model = DoublePendulum(plant)
-    steps = int(round(period / dt))
-    x = np.array(x, dtype=float)
     u, u_previous = np.asarray(u, dtype=float).reshape(-1), np.asarray(u_previous, dtype=float).reshape(-1)
-    applied = u_previous.copy()
-    torques = np.zeros((len(u), 2))
+    steps = int(round(period / dt))
+    torques = np.zeros((len(u), steps, 2))
+    applied = u_previous
     for j in range(steps):
-        command = u_previous if j < delay_steps else u
-        applied = applied + responsiveness * (command - applied)
-        torques[:, actuated] = applied
-        x = model.rk4_step(x, torques, dt)
-    return x[:, 2:]
+        applied = applied + responsiveness * ((u_previous if j < delay_steps else u) - applied)
+        torques[:, j, actuated] = applied
+    return _simulate(plant, np.array(x, dtype=float), torques, dt)[:, 2:]
+
+
+def with_previous_commands(data: TransitionData) -> tuple[TransitionData, np.ndarray]:
+    """One trial's consecutive transitions without its first, and each one's previous command (N - 1,) (the
+    first one's is the reset window's torque or none)."""
+    return TransitionData(data.x[1:], data.u[1:], data.x_next[1:]), np.asarray(data.u[:-1], dtype=float).reshape(-1)
 
 
 def _windows(recordings: list[StateRecording], rng: np.random.Generator) -> list[tuple[int, int]]:
