@@ -19,10 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpilco_core.learning.learner import learning_data  # noqa: E402
+from mcpilco_core.learning.learner import learning_transitions  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
 from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
-from mcpilco_core.recording.transitions import transitions_from_trajectory  # noqa: E402
 
 
 def run_errors(root: Path) -> list[dict]:
@@ -35,8 +34,7 @@ def run_errors(root: Path) -> list[dict]:
             continue
         model = DynamicsModel(config.model_robot, config.gp)
         model.load_arrays(record.model_arrays, "cpu")
-        t, x, u = learning_data(record.trajectory)
-        data = transitions_from_trajectory(t, x, u, config.robot.policy_period, config.robot.actuated_joint)
+        data = learning_transitions(record.trajectory, config.robot.policy_period, config.robot.actuated_joint)
         errors = model.one_step_errors(data)
         rms = {name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}
         rows.append({"trial": k, "n": len(data), **{f"{name}_{j}": float(rms[name][j]) for name in rms

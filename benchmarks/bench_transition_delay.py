@@ -21,28 +21,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import load_plant_parameters  # noqa: E402
-from mcpilco_core.learning.identification import predicted_velocities  # noqa: E402
-from mcpilco_core.learning.identified_robot import delayed_velocities, with_previous_commands  # noqa: E402
-from mcpilco_core.learning.learner import learning_data  # noqa: E402
+from mcpilco_core.learning.identification import identify_prior, predicted_velocities  # noqa: E402
+from mcpilco_core.learning.identified_robot import delayed_velocities  # noqa: E402
+from mcpilco_core.learning.learner import learning_transitions  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
 from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
 from mcpilco_core.paths import config_dir  # noqa: E402
-from mcpilco_core.recording.transitions import TransitionData, transitions_from_trajectory  # noqa: E402
+from mcpilco_core.recording.transitions import TransitionData  # noqa: E402
 
 
-def run_transitions(run: RunDirectory, config) -> tuple[TransitionData, np.ndarray]:
-    """Every trial's transitions but its first, and each one's previous command (N,)."""
-    parts, previous = [], []
+def run_transitions(run: RunDirectory, config) -> TransitionData:
+    """Every trial's transitions but its first (its previous command is a reset window's or none), each with its
+    previous command (``u_prev``)."""
+    data = TransitionData.empty()
     for k in run.completed_trials():
-        t, x, u = learning_data(run.load_trial(k, config.robot.robot).trajectory)
-        d = transitions_from_trajectory(t, x, u, config.robot.policy_period, config.robot.actuated_joint)
-        if len(d.u) < 2:
-            continue
-        later, before = with_previous_commands(d)
-        parts.append(later)
-        previous.append(before)
-    return (TransitionData(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "u", "x_next"))),
-            np.concatenate(previous))
+        d = learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot.policy_period,
+                                 config.robot.actuated_joint)
+        data = data.concat(d.subset(np.arange(1, len(d))))
+    return data
 
 
 def rms(predicted: np.ndarray, data: TransitionData) -> np.ndarray:
@@ -64,13 +60,18 @@ def main() -> int:
             print(f"{root}: the run did not identify its robot (gp.identify_robot); skipped")
             continue
         robot, act, period = model.robot, config.robot.actuated_joint, config.robot.policy_period
-        data, previous = run_transitions(run, config)
+        data = run_transitions(run, config)
+        previous = data.u_prev
+        plant, delay = identify_prior(model.base_plant, data, period, act, fit_delay=True,
+                                      rng=np.random.default_rng(0))
         rows = [("the GP's prior (gp.identify's plant), torque held", predicted_velocities(model.config.plant, data,
                                                                                           period, act)),
                 ("the identified robot's plant, torque held", predicted_velocities(robot.plant, data, period, act)),
                 (f"the identified robot, previous command for its {robot.delay_steps} delay steps, r "
                  f"{robot.motor_responsiveness:.2f}", robot.transition_velocities(data.x, data.u, previous, period,
-                                                                                  act))]
+                                                                                  act)),
+                (f"the 20 ms fit with the command delay (gp.delay_aware): a = {delay:.3f} of the period, u + a "
+                 f"(u_prev - u) held", predicted_velocities(plant, data, period, act, delay))]
         if args.plant:
             plant = load_plant_parameters(config_dir() / "plant_models.yaml", args.plant)
             rows += [(f"{args.plant}, torque held (a report)", predicted_velocities(plant, data, period, act)),

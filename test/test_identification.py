@@ -65,3 +65,41 @@ def test_the_setting_is_validated(tmp_path, repo):
         load_train_config(path, "pendubot")
     path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{identify: true}}\n")
     assert load_train_config(path, "pendubot").gp.identify
+
+
+def test_the_delay_aware_fit_finds_the_command_delay_of_a_late_robot(pendubot_config, plants, repo):
+    """A noise-free robot whose state reaches the controller 5 ms late (2 steps of 2 ms: the previous command acts for
+    the first 4 ms of each 20 ms transition). The 20 ms fit with ``fit_delay`` finds a = 4 / 20 of the period, and the
+    delay-aware model's prior (u + a (u_prev - u) held) leaves a fraction of the torque-held prior's error."""
+    from test_identified_robot import exploration
+
+    from mcpilco_core.learning.identification import identify_prior
+    from mcpilco_core.learning.learner import learning_transitions
+    from mcpilco_core.simulation import RobotProfile
+
+    prior, robot = plants
+    profile = RobotProfile(name="late", plant_model="model_1.0", plant_models_file=str(repo / "config" /
+                           "plant_models.yaml"), delay=0.005)
+    data = learning_transitions(exploration(pendubot_config, profile, 4, seconds=6.0), 0.02, 0)
+    held_plant, none = identify_prior(prior, data, 0.02, 0, fit_delay=False)
+    plant, delay = identify_prior(prior, data, 0.02, 0, fit_delay=True)
+    assert none == 0.0 and delay == pytest.approx(0.2, abs=0.02)
+    assert plant.cf == pytest.approx(robot.cf, rel=0.1)
+    held = velocity_rms(held_plant, data)
+    late = np.sqrt(np.mean((predicted_velocities(plant, data, 0.02, 0, delay) - data.x_next[:, 2:]) ** 2, axis=0))
+    assert np.all(late < 0.3 * held), (late, held)
+    settings = GPSettings(fit_steps=20, fit_points=200, max_points=100, prior="rk4", identify=True, delay_aware=True)
+    model = DynamicsModel(pendubot_config, settings)
+    model.fit(data, np.random.default_rng(0))
+    assert model.delay_fraction == pytest.approx(delay, abs=0.01)
+    assert model.prior_constants.delay == model.delay_fraction
+    assert np.array_equal(model.effective_commands(data), data.u + model.delay_fraction * (data.u_prev - data.u))
+
+
+def test_delay_aware_needs_identify(tmp_path, repo):
+    path = tmp_path / "t.yaml"
+    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{delay_aware: true}}\n")
+    with pytest.raises(ConfigError, match="gp.delay_aware.*needs gp.identify"):
+        load_train_config(path, "pendubot")
+    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{delay_aware: true, identify: true}}\n")
+    assert load_train_config(path, "pendubot").gp.delay_aware

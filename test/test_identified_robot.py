@@ -196,17 +196,16 @@ def test_a_delayed_robots_transition_needs_the_previous_command(pendubot_config,
     to the motor lag's leftover (r = 0.9: the applied torque starts at the previous command, not where the lag left
     it), while holding the torque over the period (the GP's prior) misses by far more."""
     from mcpilco_core.learning.identification import predicted_velocities
-    from mcpilco_core.learning.identified_robot import delayed_velocities, with_previous_commands
-    from mcpilco_core.learning.learner import learning_data
-    from mcpilco_core.recording.transitions import transitions_from_trajectory
+    from mcpilco_core.learning.identified_robot import delayed_velocities
+    from mcpilco_core.learning.learner import learning_transitions
     from mcpilco_core.simulation import RobotProfile
 
     plant = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
     profile = RobotProfile(name="late", plant_model="model_1.0", plant_models_file=str(repo / "config" /
                            "plant_models.yaml"), delay=0.005, motor_responsiveness=responsiveness)
-    t, x, u = learning_data(exploration(pendubot_config, profile, 3, seconds=2.0))
-    data, previous = with_previous_commands(transitions_from_trajectory(t, x, u, pendubot_config.policy_period, 0))
-    assert np.array_equal(previous[1:], np.asarray(data.u[:-1], dtype=float).reshape(-1))   # the one before
+    data = learning_transitions(exploration(pendubot_config, profile, 3, seconds=2.0), pendubot_config.policy_period, 0)
+    previous = data.u_prev
+    assert previous[0] == 0.0 and np.array_equal(previous[1:], data.u[:-1])   # motor off before, then the one before
     held = predicted_velocities(plant, data, 0.02, 0) - data.x_next[:, 2:]
     predicted = delayed_velocities(plant, data.x, data.u, previous, 0.02, 0.002, 0, 2, responsiveness)
     delayed = predicted - data.x_next[:, 2:]

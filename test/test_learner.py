@@ -185,11 +185,13 @@ def test_particle_threads_give_the_same_optimisation_as_one_thread(mode, particl
         torch.testing.assert_close(params, histories[0][1], rtol=1e-10, atol=1e-12)
 
 
-def test_particle_processes_give_the_same_optimisation_as_one_thread():
-    """parallel: processes runs all but the first share in spawned workers holding exact copies of the posterior."""
+@pytest.mark.parametrize("delay", [0.0, 0.2])
+def test_particle_processes_give_the_same_optimisation_as_one_thread(delay):
+    """parallel: processes runs all but the first share in spawned workers holding exact copies of the posterior
+    (and of the prior: its identified friction and command delay)."""
     from mcpilco_core.learning.optimizer import OptimizerSettings, optimize_policy
 
-    model = _fitted_model()
+    model = _fitted_model() if not delay else _friction_model("acrobot", "euler", delay)
     settings = OptimizerSettings(max_steps_first=3, max_steps=3)
     histories = []
     for processes in (False, True):
@@ -549,26 +551,30 @@ def test_initial_lengthscales_set_the_policy_and_are_validated():
         TorchPolicy.random(5, 3.0, torch.Generator().manual_seed(0), lengthscales=(1.0, 0.0, 1, 1, 1, 1))
 
 
-def _friction_model(robot, prior="euler"):
+def _friction_model(robot, prior="euler", delay=0.0):
     from dataclasses import replace
 
     config = load_robot_config(CONFIG / f"{robot}.yaml")
     fitted = _fitted_model()
     model = DynamicsModel(replace(config, plant=replace(config.plant, b=(0.05, 0.02), cf=(0.1, 0.03))),
-                          GPSettings(prior=prior))
+                          GPSettings(prior=prior, identify=bool(delay), delay_aware=bool(delay)))
+    if delay:
+        model.set_prior_plant(model.config.plant, delay)
     model.hyper, model.subsets, model.posterior = fitted.hyper, fitted.subsets, fitted.posterior
-    assert len(model.prior_constants.friction) == 2
+    assert len(model.prior_constants.friction) == 2 and model.prior_constants.delay == delay
     return model
 
 
-@pytest.mark.parametrize("robot,prior", [("pendubot", "euler"), ("acrobot", "euler"), ("pendubot", "rk4"),
-                                         ("acrobot", "rk4")])
+@pytest.mark.parametrize("robot,prior,delay", [("pendubot", "euler", 0.0), ("acrobot", "euler", 0.0),
+                                               ("pendubot", "rk4", 0.0), ("acrobot", "rk4", 0.0),
+                                               ("pendubot", "rk4", 0.3), ("acrobot", "euler", 0.2)])
 @pytest.mark.parametrize("sample", [True, False])
-def test_fused_rollout_equals_reference_with_gradients(robot, prior, sample):
+def test_fused_rollout_equals_reference_with_gradients(robot, prior, delay, sample):
     """The fused rollout (hand-written backward, policy kernel) equals the plain-autograd reference in float64,
     states and gradients w.r.t. every policy parameter and x0, with friction terms in the prior (Euler and RK4
-    priors: the RK4 backward chains four stages by hand)."""
-    model = _friction_model(robot, prior)
+    priors: the RK4 backward chains four stages by hand) and with a command delay (``gp.delay_aware``: the
+    gradient also runs from each step's torque into the next step's through the previous command)."""
+    model = _friction_model(robot, prior, delay)
     policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
     policy.set_dropout(0.25, torch.Generator().manual_seed(2))
     x0 = torch.tensor(_states(np.random.default_rng(7), 5) * 0.2, requires_grad=True)
@@ -647,9 +653,57 @@ def test_policy_rollout_function_equals_forward_features_with_gradients():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_delay_aware_rollout_gradient_matches_finite_differences():
+    """With a command delay the torque of step t also acts in step t + 1; the gradient through the previous
+    command (policy without rollout_parts: one node per step, previous command through autograd) checks out."""
+    model = _friction_model("pendubot", "rk4", 0.3)
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
+
+    def objective(*values):
+        traj = rollout(model, _Functional(policy, values), x0, 6, torch.Generator().manual_seed(8))
+        return trajectory_cost(traj, CostSettings())
+
+    inputs = tuple(p.detach().clone().requires_grad_(True) for p in policy.parameters())
+    assert torch.autograd.gradcheck(objective, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_the_delay_acts_from_the_second_step_on():
+    """Step 0 has no previous command (the effective torque is u); later steps see u + a (u_prev - u), so the
+    delay-aware rollout leaves the plain one after the first step and by a rising margin."""
+    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
+    x0 = torch.tensor(_states(np.random.default_rng(7), 5) * 0.2)
+    plain = rollout(_friction_model("acrobot", "rk4"), policy, x0, 6, None, sample=False)
+    late = rollout(_friction_model("acrobot", "rk4", 0.3), policy, x0, 6, None, sample=False)
+    torch.testing.assert_close(late[:2], plain[:2], rtol=0.0, atol=0.0)
+    gaps = (late - plain).abs().amax((1, 2))
+    assert float(gaps[2]) > 1e-6 and float(gaps[-1]) > float(gaps[2])
+
+
+def test_saved_delay_aware_model_keeps_its_delay_and_is_refused_by_other_settings():
+    model = _friction_model("pendubot", "euler", 0.25)
+    fitted = _fitted_model()
+    model._inputs, model._targets = fitted._inputs, fitted._targets
+    arrays = model.to_arrays()
+    loaded = DynamicsModel(model.config, model.settings)
+    loaded.load_arrays(arrays, dtype=torch.float64)
+    assert loaded.delay_fraction == 0.25 and loaded.prior_constants.delay == 0.25
+    with pytest.raises(ValueError, match="delay_aware = True but the settings say False"):
+        DynamicsModel(model.config, GPSettings()).load_arrays(arrays, dtype=torch.float64)
+    for key in ("delay_aware", "delay_fraction"):       # models saved before the option: not delay-aware
+        del arrays[key]
+    plain = DynamicsModel(model.config, GPSettings())
+    plain.load_arrays(arrays, dtype=torch.float64)
+    assert plain.prior_constants.delay == 0.0
+
+
 def test_compiled_rollout_equals_fused():
     """torch.compile path (or its eager fallback where no compiler works): same states and gradients."""
-    model = _fitted_model()
+    for model in (_fitted_model(), _friction_model("acrobot", "euler", 0.2)):    # (RK4 compiled: ~1e-9 apart)
+        _compiled_equals_fused(model)
+
+
+def _compiled_equals_fused(model):
     policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
     x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
     out = {}

@@ -247,6 +247,8 @@ def test_resampling_averages_the_applied_torque(tmp_path, pendubot_config):
     assert trial.mode[4] == "policy" and trial.mode[10] == "lqr"
     data = trial.transitions(pendubot_config.actuated_joint)
     assert len(data) == 28 and np.allclose(data.u, 2.0)
+    previous = np.concatenate([[0.0], trial.u[:-1, 0]])[trial.valid]    # the period before, an invalid one's too
+    assert np.array_equal(data.u_prev, previous) and previous[0] == 0.0 and previous[12] == pytest.approx(2.0)
 
 
 def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot_config):
@@ -267,6 +269,8 @@ def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot
     np.testing.assert_allclose(got.x, expected.x, atol=1e-12)
     np.testing.assert_allclose(got.x_next, expected.x_next, atol=1e-12)
     np.testing.assert_allclose(got.u, expected.u, atol=1e-9)
+    np.testing.assert_allclose(got.u_prev, expected.u_prev, atol=1e-9)     # the command before (delay-aware model)
+    assert got.u_prev[0] == 0.0 and np.allclose(got.u_prev[1:], got.u[:-1], atol=1e-12)
 
 
 def test_mismatched_robot_is_refused(tmp_path, pendubot_config, acrobot_config):

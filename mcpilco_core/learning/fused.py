@@ -29,7 +29,9 @@ class PriorConstants(NamedTuple):
     friction: (joint, viscous b, Coulomb cf) for the joints with nonzero friction. :meth:`as_tensors` gives the
     same with 0-dim tensors, which eager arithmetic handles ~3x faster than Python floats (no scalar wrapping).
     rk4: integrate the prior with one Runge-Kutta-4 step over ``period`` instead of one Euler step
-    (:func:`rk4_prior_forward`).
+    (:func:`rk4_prior_forward`). delay: the command delay as a fraction a of the period (``gp.delay_aware``; 0: none).
+    The previous command still acts for a Ts, so a transition sees the torque u + a (u_prev - u)
+    (:func:`effective_torque`). It stays a Python float.
     """
 
     a: float
@@ -42,13 +44,21 @@ class PriorConstants(NamedTuple):
     actuated: int
     friction: tuple[tuple[int, float, float], ...]
     rk4: bool = False
+    delay: float = 0.0
 
     def as_tensors(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> PriorConstants:
         def t(value: float) -> torch.Tensor:
             return torch.tensor(value, dtype=dtype, device=device)
 
         return PriorConstants(*(t(v) for v in self[:7]), self.actuated,
-                              tuple((i, t(b), t(cf)) for i, b, cf in self.friction), self.rk4)
+                              tuple((i, t(b), t(cf)) for i, b, cf in self.friction), self.rk4, self.delay)
+
+
+def effective_torque(u: torch.Tensor, previous: torch.Tensor | None, delay: float) -> torch.Tensor:
+    """The torque a transition sees: u + a (u_prev - u) with a = ``delay`` (u itself without a previous command)."""
+    if previous is None or not delay:
+        return u
+    return torch.lerp(u, previous, delay)
 
 
 def prior_forward(rows: torch.Tensor, u: torch.Tensor, k: PriorConstants) -> tuple[torch.Tensor, tuple]:
@@ -220,21 +230,34 @@ def step_backward(saved: tuple, grad_x: torch.Tensor, grad_phi: torch.Tensor, fa
 
 
 def policy_step_forward(x: torch.Tensor, phi: torch.Tensor, policy: tuple, noise: torch.Tensor | None,
-                        fast: FastGP, k: PriorConstants) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """:func:`step_forward` with the torque from the sum-of-Gaussians policy (parameters ``policy`` =
-    (inv, augmented, weights, u_max), see :meth:`~mcpilco_core.learning.torch_policy.TorchPolicy.rollout_parts`)."""
+                        fast: FastGP, k: PriorConstants,
+                        previous: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """:func:`step_forward` with the torque u from the sum-of-Gaussians policy (parameters ``policy`` =
+    (inv, augmented, weights, u_max), see :meth:`~mcpilco_core.learning.torch_policy.TorchPolicy.rollout_parts`),
+    delayed by ``k.delay`` behind the ``previous`` command (P,) (None: the first step). Returns the next states,
+    their features, u (the next step's previous command) and what :func:`policy_step_backward` needs."""
     u, policy_saved = sum_of_gaussians_forward(phi, *policy)
-    x_next, phi_next, saved = step_forward(x, phi, u, noise, fast, k)
-    return x_next, phi_next, (policy_saved, saved)
+    delayed = previous is not None and bool(k.delay)
+    x_next, phi_next, saved = step_forward(x, phi, effective_torque(u, previous, k.delay), noise, fast, k)
+    return x_next, phi_next, u, (policy_saved, saved, delayed)
 
 
 def policy_step_backward(saved: tuple, grad_x: torch.Tensor, grad_phi: torch.Tensor, phi: torch.Tensor,
-                         policy: tuple, fast: FastGP, k: PriorConstants) -> tuple[torch.Tensor, ...]:
-    """Gradients w.r.t. x, phi and the policy tensors (inv, augmented, weights) of :func:`policy_step_forward`."""
-    policy_saved, step_saved = saved
+                         policy: tuple, fast: FastGP, k: PriorConstants,
+                         grad_next_previous: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
+    """Gradients w.r.t. x, phi, the previous command (None if it did not act) and the policy tensors (inv, augmented,
+    weights) of :func:`policy_step_forward`. ``grad_next_previous``: the gradient w.r.t. this step's u as the next
+    step's previous command (None at the last step or without delay)."""
+    policy_saved, step_saved, delayed = saved
     grad_x_in, grad_phi_in, grad_u = step_backward(step_saved, grad_x, grad_phi, fast, k)
+    grad_previous = None
+    if delayed:
+        grad_previous = grad_u * k.delay
+        grad_u = grad_u * (1.0 - k.delay)
+    if grad_next_previous is not None:
+        grad_u = grad_u + grad_next_previous
     grad_phi_policy, *grad_policy = sum_of_gaussians_backward(phi, *policy[:3], policy_saved, grad_u)
-    return grad_x_in, grad_phi_in + grad_phi_policy, *grad_policy
+    return grad_x_in, grad_phi_in + grad_phi_policy, grad_previous, *grad_policy
 
 
 _KERNELS: dict[tuple[bool, bool], tuple[MaybeCompiled, MaybeCompiled]] = {}
@@ -280,11 +303,14 @@ class PolicyRollout(torch.autograd.Function):
         x, phi = x0, torch.cat([x0[2:], c0, s0])
         ctx.trig0 = (c0, s0)
         saved = []
+        previous = None                                  # the first step's previous command: none (no delay)
         for t in range(steps):
-            x_next, phi_next, step_saved = kernels[0](x, phi, policy, None if noise is None else noise[t], fast, k)
+            x_next, phi_next, u, step_saved = kernels[0](x, phi, policy, None if noise is None else noise[t], fast,
+                                                         k, previous)
             saved.append((phi, step_saved))
             states[t + 1] = x_next
             x, phi = x_next, phi_next
+            previous = u if k.delay else None
         ctx.save_for_backward(inv, augmented, weights)
         ctx.saved, ctx.u_max, ctx.fast, ctx.k, ctx.kernels = saved, u_max, fast, k, kernels
         return states
@@ -297,9 +323,11 @@ class PolicyRollout(torch.autograd.Function):
         grad_x = grad_states[-1]
         grad_phi = torch.zeros_like(ctx.saved[0][0])
         grad_policy = None
+        grad_previous = None                             # through u_t as step t + 1's previous command (delay)
         for t in range(len(ctx.saved) - 1, -1, -1):
             phi, step_saved = ctx.saved[t]
-            grad_x, grad_phi, *grads = ctx.kernels[1](step_saved, grad_x, grad_phi, phi, policy, ctx.fast, ctx.k)
+            grad_x, grad_phi, grad_previous, *grads = ctx.kernels[1](step_saved, grad_x, grad_phi, phi, policy,
+                                                                     ctx.fast, ctx.k, grad_previous)
             grad_x = grad_x + grad_states[t]
             if grad_policy is None:
                 grad_policy = grads
@@ -335,8 +363,11 @@ def fused_rollout(fast: FastGP, k: PriorConstants, policy, x0: torch.Tensor, ste
     kernels = step_kernels(compiled)
     phi = torch.cat([x[2:], torch.cos(x[:2]), torch.sin(x[:2])])
     states = [x]
+    previous = None
     for t in range(steps):
         u = policy.forward_features(phi.T)
-        x, phi = ParticleStep.apply(x, phi, u, None if noise is None else noise[t], fast, k, kernels)
+        x, phi = ParticleStep.apply(x, phi, effective_torque(u, previous, k.delay), None if noise is None else noise[t],
+                                    fast, k, kernels)
         states.append(x)
+        previous = u
     return torch.stack(states).transpose(1, 2)

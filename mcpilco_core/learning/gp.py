@@ -47,6 +47,10 @@ class GPSettings:
     (identification.py; for a robot that is not the prior). identify_robot: also identify the robot at the state
     rate -- friction, rotor inertia, sensor delay, motor lag, noise (identified_robot.py) -- for the learner's
     simulations of the protocol (the snapshot judge, ``mcpilco select``'s ranking); the GP's prior is unchanged.
+    delay_aware (needs identify): a robot whose sensors lag behind keeps applying the previous command for the first
+    part a of each period between measured states, so a transition depends on a command that (x, u) does not hold.
+    The fit identifies a with friction and Ir; the prior and the GP then see the effective torque u + a (u_prev - u),
+    and the particles carry their previous command (model.py).
     """
 
     fit_steps: int = 1500
@@ -59,6 +63,7 @@ class GPSettings:
     prior: str = "euler"
     identify: bool = False     # fit the prior's friction and rotor inertia to the data before each GP fit
     identify_robot: bool = False   # identify friction, Ir, delay, lag and noise at the state rate (protocol sims)
+    delay_aware: bool = False      # with identify: fit the command delay too; prior and GP see u + a (u_prev - u)
 
 
 def _inv_softplus(value: np.ndarray) -> np.ndarray:

@@ -30,7 +30,6 @@ from scipy.optimize import least_squares
 from ..config import ConfigError, PlantParameters, load_plant_parameters
 from ..plant import DoublePendulum
 from ..recording.state_rate import StateRecording
-from ..recording.transitions import TransitionData
 from .identification import LOWER, SCALE, UPPER, parameters_of, with_parameters
 
 WINDOW = 10            # state steps per fitted window (20 ms at 500 Hz: one policy period)
@@ -134,12 +133,6 @@ def delayed_velocities(plant: PlantParameters, x: np.ndarray, u: np.ndarray, u_p
         applied = applied + responsiveness * ((u_previous if j < delay_steps else u) - applied)
         torques[:, j, actuated] = applied
     return _simulate(plant, np.array(x, dtype=float), torques, dt)[:, 2:]
-
-
-def with_previous_commands(data: TransitionData) -> tuple[TransitionData, np.ndarray]:
-    """One trial's consecutive transitions without its first, and each one's previous command (N - 1,) (the
-    first one's is the reset window's torque or none)."""
-    return TransitionData(data.x[1:], data.u[1:], data.x_next[1:]), np.asarray(data.u[:-1], dtype=float).reshape(-1)
 
 
 def _windows(recordings: list[StateRecording], rng: np.random.Generator) -> list[tuple[int, int]]:

@@ -328,6 +328,11 @@ def _int_list(reader: ConfigReader, key: str, default: list[int]) -> list[int]:
 def _gp_settings(r: ConfigReader) -> GPSettings:
     d = GPSettings()
     r.reject_unknown([f.name for f in fields(GPSettings)])
+    identify = r.boolean("identify", d.identify)
+    delay_aware = r.boolean("delay_aware", d.delay_aware)
+    if delay_aware and not identify:
+        raise ConfigError(r.source, r.name("delay_aware"), "needs gp.identify: true (the delay is identified with "
+                          "the friction and rotor inertia)")
     return GPSettings(fit_steps=r.integer("fit_steps", d.fit_steps, minimum=0),
                       fit_lr=r.number("fit_lr", d.fit_lr, positive=True),
                       fit_points=r.integer("fit_points", d.fit_points, minimum=2),
@@ -336,7 +341,7 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
                       noise_floor=r.number("noise_floor", d.noise_floor, positive=True),
                       warm_start=r.boolean("warm_start", d.warm_start),
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS),
-                      identify=r.boolean("identify", d.identify),
+                      identify=identify, delay_aware=delay_aware,
                       identify_robot=r.boolean("identify_robot", d.identify_robot))
 
 
@@ -527,6 +532,19 @@ def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
 
 
+def learning_transitions(trajectory, period: float, actuated: int) -> TransitionData:
+    """The trial's transitions at the policy ``period`` as :func:`learning_data` gives it. The first one's previous
+    command is the mean actuated torque of the reset window's last period, or 0 without a window (motor off), as a
+    bag of the trial gives it."""
+    t, x, u = learning_data(trajectory)
+    if len(u) < 1:
+        return TransitionData.empty()
+    start = len(trajectory.u) - len(u)
+    stride = max(1, round(period / float(trajectory.t[1] - trajectory.t[0])))
+    previous = float(trajectory.u[max(0, start - stride):start, actuated].mean()) if start > 0 else 0.0
+    return transitions_from_trajectory(t, x, u, period, actuated, previous)
+
+
 def state_recording(trajectory) -> StateRecording:
     """A trial at the state rate as its bag gives it: measured states, applied and commanded torques, the steps
     of a reset window marked unusable."""
@@ -610,6 +628,8 @@ class TrialRecord:
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
                 "robot_cost": self.robot_cost, "robot_time_s": self.robot_time,
                 "prior_plant_b_cf_Ir": self._model_array("prior_plant_b_cf_Ir"),
+                "delay_aware": self._model_array("delay_aware"),             # gp.delay_aware: the command delay
+                "delay_fraction": self._model_array("delay_fraction"),       # (fraction of the period) identified
                 # gp.identify_robot: friction and Ir at the state rate; delay steps, dt, r, 4 noise stds, torque noise,
                 # 2 residuals, windows (identified_robot.IdentifiedRobot.to_arrays)
                 "identified_robot": ({"b_cf_Ir": self._model_array("robot_b_cf_Ir"),
@@ -640,9 +660,7 @@ class Learner:
     def add_trajectory(self, trajectory) -> None:
         """Learn from a trial as its bag would give it: measured states, applied torques, no reset window."""
         cfg = self.config.robot
-        t, x, u = learning_data(trajectory)
-        if len(u) >= 1:
-            self.data = self.data.concat(transitions_from_trajectory(t, x, u, cfg.policy_period, cfg.actuated_joint))
+        self.data = self.data.concat(learning_transitions(trajectory, cfg.policy_period, cfg.actuated_joint))
         if self.config.gp.identify_robot and len(trajectory.u) >= 1:
             self.recordings.append(state_recording(trajectory))
 

@@ -9,6 +9,12 @@ The GP therefore learns only the residual Delta - m. With ``GPSettings.prior = "
 Runge-Kutta-4 step of the same dynamics over Ts instead (the Euler step is poor at Ts = 20 ms at high speed).
 GP input: (dq1, dq2, cos q1, cos q2, sin q1, sin q2, u), u the actuated torque (N m): the policy's features
 phi followed by u, so one sin/cos per step serves the policy, the GP and the prior.
+
+Delay-aware (``GPSettings.delay_aware``): on a robot whose state reaches the controller a Ts late, the previous
+command still acts for the first a Ts of every transition between measured states. The model then uses the
+effective torque u + a (u_prev - u) in place of u, in the prior and in the GP's input, with a identified together
+with friction and rotor inertia (:func:`~mcpilco_core.learning.identification.identify_prior`). The particles carry
+their previous command through the rollout.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 from ..config import PlantParameters, RobotConfig
 from ..plant import DoublePendulum
 from ..recording.transitions import TransitionData
-from .fused import PriorConstants, fused_rollout
+from .fused import PriorConstants, effective_torque, fused_rollout
 from .gp import (
     GPHyperparameters,
     GPPosterior,
@@ -30,7 +36,7 @@ from .gp import (
     fit_hyperparameters,
     select_subset,
 )
-from .identification import identify_plant, parameters_of, with_parameters
+from .identification import effective_torques, identify_prior, parameters_of, with_parameters
 from .identified_robot import IdentifiedRobot
 
 
@@ -59,10 +65,14 @@ class DynamicsModel:
         self.period = float(self.config.policy_period)
         self.actuated = int(self.config.actuated_joint)
         self.base_plant = self.config.plant      # the user's prior; gp.identify refits friction and Ir from here
+        self.delay_fraction = 0.0                # gp.delay_aware: the command delay / Ts, identified in fit()
         self.set_prior_plant(self.config.plant)
 
-    def set_prior_plant(self, plant: PlantParameters) -> None:
-        """Use ``plant`` as the physics prior (the GPs must be refitted: they learnt the old prior's residual)."""
+    def set_prior_plant(self, plant: PlantParameters, delay_fraction: float | None = None) -> None:
+        """Use ``plant`` (and the command delay ``delay_fraction`` x Ts, if given) as the physics prior (the GPs must
+        be refitted: they learnt the old prior's residual)."""
+        if delay_fraction is not None:
+            self.delay_fraction = float(delay_fraction)
         self.config = replace(self.config, plant=plant)
         self.plant = DoublePendulum(plant)
         p = plant
@@ -72,7 +82,8 @@ class DynamicsModel:
                            "g1": p.g * (m1 * r1 + m2 * l1), "g2": p.g * m2 * r2}
         friction = tuple((i, float(b), float(cf)) for i, (b, cf) in enumerate(zip(p.b, p.cf)) if b or cf)
         self.prior_constants = PriorConstants(**self._constants, period=self.period, actuated=self.actuated,
-                                              friction=friction, rk4=self.settings.prior == "rk4")
+                                              friction=friction, rk4=self.settings.prior == "rk4",
+                                              delay=self.delay_fraction if self.settings.delay_aware else 0.0)
 
     # ------------------------------------------------------------------ features and prior
     @staticmethod
@@ -137,10 +148,17 @@ class DynamicsModel:
         scale = self.period / (m11 * k["m22"] - m12 * m12)
         return torch.stack([(k["m22"] * rhs1 - m12 * rhs2) * scale, (m11 * rhs2 - m12 * rhs1) * scale], -1)
 
+    def effective_commands(self, data: TransitionData) -> np.ndarray:
+        """The torque (N,) the model sees for each transition: u, or with ``gp.delay_aware`` u + a (u_prev - u)."""
+        if not self.settings.delay_aware:
+            return data.u
+        return effective_torques(data.u, data.u_prev, self.delay_fraction)
+
     def residual_targets(self, data: TransitionData) -> tuple[np.ndarray, np.ndarray]:
         """GP inputs (N, 7) and residual targets Delta dq - prior (N, 2) of a data set."""
         delta = data.x_next[:, 2:] - data.x[:, 2:]
-        return self.gp_inputs(data.x, data.u), delta - self.prior_mean(data.x, data.u)
+        u = self.effective_commands(data)
+        return self.gp_inputs(data.x, u), delta - self.prior_mean(data.x, u)
 
     # ------------------------------------------------------------------ fitting
     def fit(self, data: TransitionData, rng: np.random.Generator, device: str = "cpu",
@@ -148,7 +166,10 @@ class DynamicsModel:
         """Fit hyperparameters (warm start if enabled), choose the SoD subsets, cache the posterior; with
         ``gp.identify`` the prior's friction and rotor inertia are first fitted to ``data`` (identification.py)."""
         if self.settings.identify:
-            self.set_prior_plant(identify_plant(self.base_plant, data, self.period, self.actuated, rng=rng))
+            plant, delay = identify_prior(self.base_plant, data, self.period, self.actuated,
+                                          fit_delay=self.settings.delay_aware, delay_fraction=self.delay_fraction,
+                                          rng=rng)
+            self.set_prior_plant(plant, delay)
         inputs, targets = self.residual_targets(data)
         if self.hyper is None or not self.settings.warm_start:
             self.hyper = GPHyperparameters.initial(inputs, targets, self.settings.noise_floor)
@@ -172,6 +193,8 @@ class DynamicsModel:
         arrays["fit_history"] = np.asarray(self.fit_history)
         arrays["prior"] = np.asarray(self.settings.prior)     # the residual targets depend on it
         arrays["prior_plant_b_cf_Ir"] = parameters_of(self.config.plant)   # and so on the (identified) prior plant
+        arrays["delay_aware"] = np.asarray(self.settings.delay_aware)      # and the GP's input on the delay
+        arrays["delay_fraction"] = np.asarray(self.delay_fraction)
         if self.robot is not None:                # gp.identify_robot: the robot as identified at the state rate
             arrays.update(self.robot.to_arrays())
         return arrays
@@ -183,8 +206,13 @@ class DynamicsModel:
         if prior != self.settings.prior:
             raise ValueError(f"the saved model was fitted with the {prior!r} prior but the settings say "
                              f"gp.prior = {self.settings.prior!r}; use the run's own training config")
+        delay_aware = bool(arrays["delay_aware"]) if "delay_aware" in arrays else False   # older models: not
+        if delay_aware != self.settings.delay_aware:
+            raise ValueError(f"the saved model was fitted with gp.delay_aware = {delay_aware} but the settings say "
+                             f"{self.settings.delay_aware}; use the run's own training config")
+        delay = float(arrays["delay_fraction"]) if "delay_fraction" in arrays else 0.0
         if "prior_plant_b_cf_Ir" in arrays:      # absent in models saved before gp.identify: the settings' prior stays
-            self.set_prior_plant(with_parameters(self.base_plant, np.asarray(arrays["prior_plant_b_cf_Ir"])))
+            self.set_prior_plant(with_parameters(self.base_plant, np.asarray(arrays["prior_plant_b_cf_Ir"])), delay)
         self.robot = IdentifiedRobot.from_arrays(self.base_plant, arrays)   # None before gp.identify_robot
         self.hyper = GPHyperparameters.from_arrays({k[6:]: v for k, v in arrays.items() if k.startswith("hyper_")})
         n_out = self.hyper.raw_signal.shape[0]
@@ -217,19 +245,27 @@ class DynamicsModel:
 
         Samples with the standard normals ``noise`` (P, 2), reparameterised: Delta = mean + std * noise
         (noise None gives the mean). Returns the next states (P, 4). Plain autograd ops: the reference for the
-        fused rollout (:mod:`mcpilco_core.learning.fused`), which computes the same.
+        fused rollout (:mod:`mcpilco_core.learning.fused`), which computes the same. No previous command (see
+        :meth:`step_after`).
         """
+        return self.step_after(x, policy, noise, None)[0]
+
+    def step_after(self, x: torch.Tensor, policy, noise: torch.Tensor | None,
+                   previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` after the command ``previous`` (P,) N m (None: none; it matters with ``gp.delay_aware``).
+        Returns the next states (P, 4) and the policy's torque u (P,), the next step's previous command."""
         if self.posterior is None:
             raise RuntimeError("the model has not been fitted")
         q, dq = x[:, :2], x[:, 2:]
         c, s = torch.cos(q), torch.sin(q)
         phi = torch.cat([dq, c, s], -1)
         u = policy.forward_features(phi)
-        mean, var = self.posterior.predict_reference(torch.cat([phi, u.unsqueeze(-1)], -1))
-        delta = self._prior_reference(q, dq, c, s, u) + mean
+        u_eff = effective_torque(u, previous, self.prior_constants.delay)
+        mean, var = self.posterior.predict_reference(torch.cat([phi, u_eff.unsqueeze(-1)], -1))
+        delta = self._prior_reference(q, dq, c, s, u_eff) + mean
         if noise is not None:
             delta = delta + torch.sqrt(var) * noise
-        return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1)
+        return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1), u
 
 
 ROLLOUT_MODES = ("fused", "compiled", "reference")
@@ -269,9 +305,9 @@ def rollout(model: DynamicsModel, policy, x0: torch.Tensor, steps: int, generato
         raise ValueError(f"noise has shape {tuple(noise.shape)}, expected {(steps, x0.shape[0], 2)}")
     if mode == "reference":
         states = [x0]
-        x = x0
+        x, previous = x0, None
         for t in range(steps):
-            x = model.step(x, policy, None if noise is None else noise[t])
+            x, previous = model.step_after(x, policy, None if noise is None else noise[t], previous)
             states.append(x)
         trajectory = torch.stack(states)
     else:

@@ -78,11 +78,13 @@ def _posterior_arrays(posterior: GPPosterior) -> dict:
     return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
 
 
-def _worker(conn, config, settings, rollout_mode: str, posterior: dict, backward: str) -> None:
-    """Worker process: rebuild the model from the posterior's tensors, then answer step requests until "stop"."""
+def _worker(conn, config, settings, rollout_mode: str, posterior: dict, backward: str, delay_fraction: float) -> None:
+    """Worker process: rebuild the model from the posterior's tensors (and the prior from the parent's plant and
+    command delay), then answer step requests until "stop"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # the parent decides when to stop (Ctrl-C reaches both)
     torch.set_num_threads(1)
     model = DynamicsModel(config, settings, rollout_mode=rollout_mode)
+    model.set_prior_plant(config.plant, delay_fraction)
     model.posterior = GPPosterior(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                                      for k, v in posterior.items()})
     model.posterior.set_backward_precision(backward)
@@ -121,7 +123,7 @@ class ParticleProcesses:
             parent, child = context.Pipe()
             process = context.Process(target=_worker, name=f"particles-{i + 1}", daemon=True,
                                       args=(child, model.config, model.settings, model.rollout_mode,
-                                            _posterior_arrays(model.posterior), backward))
+                                            _posterior_arrays(model.posterior), backward, model.delay_fraction))
             process.start()
             child.close()
             self.connections.append(parent)

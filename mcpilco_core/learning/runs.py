@@ -382,6 +382,8 @@ def _describe(record: TrialRecord) -> str:
     if s.get("prior_plant_b_cf_Ir"):
         b1, b2, cf1, cf2, ir = s["prior_plant_b_cf_Ir"]
         parts.append(f"prior b ({b1:.4f}, {b2:.4f}) N m s/rad, cf ({cf1:.3f}, {cf2:.3f}) N m, Ir {ir:.2e} kg m^2")
+    if s.get("delay_aware"):
+        parts.append(f"command delay {s['delay_fraction']:.3f} of the period")
     if s.get("identified_robot"):
         b1, b2, cf1, cf2, ir = s["identified_robot"]["b_cf_Ir"]
         steps, dt, r, *noise = s["identified_robot"]["sensors_motors"][:7]

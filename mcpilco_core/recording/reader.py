@@ -98,9 +98,12 @@ class TrialData:
         return int(self.u.shape[0])
 
     def transitions(self, actuated_joint: int):
-        """The valid transitions as the learner's TransitionData (x, actuated torque, next x)."""
+        """The valid transitions as the learner's TransitionData (x, actuated torque, next x, and the torque of the
+        period before, which also acts on a robot whose sensors lag; 0 before the trial's first period)."""
         keep = self.valid
-        return TransitionData(self.x[:-1][keep].copy(), self.u[keep, actuated_joint].copy(), self.x[1:][keep].copy())
+        u = self.u[:, actuated_joint]
+        previous = np.concatenate([[0.0], u[:-1]])
+        return TransitionData(self.x[:-1][keep].copy(), u[keep].copy(), self.x[1:][keep].copy(), previous[keep].copy())
 
     def handed_over_states(self) -> np.ndarray:
         """(M, 4) the states at the end of each reset / disturbance window of the trial: what the window handed

@@ -13,30 +13,48 @@ import numpy as np
 
 @dataclass
 class TransitionData:
-    """Transitions at the policy period: states x (N, 4), actuated torques u (N,) N m, next states (N, 4)."""
+    """Transitions at the policy period: states x (N, 4), actuated torques u (N,) N m, next states (N, 4).
+
+    u_prev (N,) N m: the actuated torque of the period before each transition. A robot whose sensors lag behind
+    still applies it at the start of the transition (the delay-aware model, ``gp.delay_aware``, uses it). ``None``
+    means unknown. It is then taken equal to u, so the previous command changes nothing.
+    """
 
     x: np.ndarray
     u: np.ndarray
     x_next: np.ndarray
+    u_prev: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.u_prev is None:
+            self.u_prev = np.array(self.u, dtype=float, copy=True)
+        if np.shape(self.u_prev) != np.shape(self.u):
+            raise ValueError(f"u_prev has shape {np.shape(self.u_prev)}, u has {np.shape(self.u)}")
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
     @classmethod
     def empty(cls) -> TransitionData:
-        return cls(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 4)))
+        return cls(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 4)), np.zeros(0))
 
     def concat(self, other: TransitionData) -> TransitionData:
         return TransitionData(np.concatenate([self.x, other.x]), np.concatenate([self.u, other.u]),
-                              np.concatenate([self.x_next, other.x_next]))
+                              np.concatenate([self.x_next, other.x_next]), np.concatenate([self.u_prev, other.u_prev]))
+
+    def subset(self, index: np.ndarray) -> TransitionData:
+        """The transitions at ``index`` (an index array or a boolean mask), copied."""
+        return TransitionData(self.x[index].copy(), self.u[index].copy(), self.x_next[index].copy(),
+                              self.u_prev[index].copy())
 
 
 def transitions_from_trajectory(t: np.ndarray, x: np.ndarray, u: np.ndarray, period: float,
-                                actuated_joint: int) -> TransitionData:
+                                actuated_joint: int, previous: float = 0.0) -> TransitionData:
     """Resample a simulator trajectory (dt steps) into transitions of length ``period`` (s).
 
     The torque of a transition is the mean applied actuated torque over its interval (LQR and damping run
-    at the fast rate, so it is not always constant inside one period).
+    at the fast rate, so it is not always constant inside one period). ``previous`` (N m): the mean actuated
+    torque of the period before the trajectory starts, the first transition's ``u_prev`` (0: the motor was off).
     """
     dt = float(t[1] - t[0])
     stride = round(period / dt)
@@ -47,4 +65,4 @@ def transitions_from_trajectory(t: np.ndarray, x: np.ndarray, u: np.ndarray, per
         return TransitionData.empty()
     idx = np.arange(count) * stride
     u_act = u[: count * stride, actuated_joint].reshape(count, stride).mean(axis=1)
-    return TransitionData(x[idx].copy(), u_act, x[idx + stride].copy())
+    return TransitionData(x[idx].copy(), u_act, x[idx + stride].copy(), np.concatenate([[float(previous)], u_act[:-1]]))
