@@ -49,8 +49,10 @@ def peak_rss_mb() -> float:
     return (own + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024.0
 
 
-def synthetic_model(gp_size: int, backward: str, seed: int = 0) -> DynamicsModel:
-    model = DynamicsModel(load_robot_config(REPO / "config" / "pendubot.yaml"))
+def synthetic_model(gp_size: int, backward: str, seed: int = 0, delay: float = 0.0) -> DynamicsModel:
+    config = load_robot_config(REPO / "config" / "pendubot.yaml")
+    model = DynamicsModel(config, GPSettings(identify=bool(delay), delay_aware=bool(delay)))
+    model.set_prior_plant(config.plant, delay)
     rng = np.random.default_rng(seed)
     n = 2 * gp_size
     x = np.concatenate([rng.uniform(-np.pi, np.pi, (n, 2)), rng.normal(0, 5, (n, 2))], 1)
@@ -70,8 +72,11 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
     A mode ``M+particles`` is rollout mode M with ``parallel: particles``: the particles split between as many
     Python threads as torch had intra-op threads, each running single-threaded ops (parallel.ParticleThreads);
     ``M+processes`` the same with worker processes (``parallel: processes``, parallel.ParticleProcesses).
+    ``M+delay``: rollout mode M of a delay-aware model (``gp.delay_aware``, command delay 0.2 of the period).
     """
-    model = synthetic_model(gp_size, backward)
+    plain = synthetic_model(gp_size, backward)
+    delayed = synthetic_model(gp_size, backward, delay=0.2)
+    model = plain
     gen = torch.Generator().manual_seed(0)
     policy = TorchPolicy.random(200, 3.0, gen)
     opt = torch.optim.Adam(policy.parameters(), lr=0.01)
@@ -92,7 +97,8 @@ def time_steps(particles: int, gp_size: int, horizon: int, steps: int, backward:
             policy.set_dropout(0.25, gen)
             opt.zero_grad()
             x0 = (2 * torch.rand((particles, 4), generator=gen) - 1) * torch.tensor([np.pi, np.pi, 0.01, 0.01])
-            rollout_mode = mode.removesuffix("+particles").removesuffix("+processes")
+            rollout_mode = mode.removesuffix("+particles").removesuffix("+processes").removesuffix("+delay")
+            model = delayed if mode.endswith("+delay") else plain
             model.rollout_mode = rollout_mode
             if mode in pools:
                 noise = particle_noise(horizon, particles, gen, x0.dtype)
@@ -201,7 +207,7 @@ def main() -> None:
     parser.add_argument("--particles", type=int, nargs="+", default=[100, 200, 400])
     parser.add_argument("--gp-sizes", type=int, nargs="+", default=[100, 300, 600])
     parser.add_argument("--modes", nargs="+", default=["reference", "fused"],
-                        help="rollout modes, interleaved; ratios are relative to the first")
+                        help="rollout modes, interleaved; ratios are relative to the first; M+delay: delay-aware")
     parser.add_argument("--backward", default="bfloat16", help="backward matmul precision (bfloat16 | float32)")
     parser.add_argument("--rss", action="store_true", help="peak RSS of each mode in a process of its own")
     parser.add_argument("--horizon", type=int, default=150, help="rollout steps (150 = 3 s at 50 Hz)")

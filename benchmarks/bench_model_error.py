@@ -2,11 +2,14 @@
 model was not fitted on.
 
     python benchmarks/bench_model_error.py runs/pendubot_proxy [runs/other ...]
+    python benchmarks/bench_model_error.py runs/a runs/b --on runs/c [runs/d ...]   # final models, other runs' trials
 
 Trial k's model (trials/trial_k/model.npz) was fitted on trials 0..k-1 before trial k ran, so trial k's own data
 (what its sensors measured, the reset window cut off) is held out for it. Prints, per run and trial, the RMS error
 (rad/s) of the velocity change over one policy period for each joint: prior (the training config's prior model)
-and learned (prior + GP mean).
+and learned (prior + GP mean). With ``--on``, each run's last model is scored instead on all trials of the runs
+given there (recorded by other runs on the same robot: data none of the compared models was fitted on), so that
+models of different settings compare on the same transitions.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcpilco_core.learning.learner import learning_transitions  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
 from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
+from mcpilco_core.recording.transitions import TransitionData  # noqa: E402
 
 
 def run_errors(root: Path) -> list[dict]:
@@ -42,10 +46,38 @@ def run_errors(root: Path) -> list[dict]:
     return rows
 
 
+def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
+    """RMS error (per joint, rad/s) of the run's last model, prior and learned, on every trial of ``others``."""
+    run = RunDirectory(root)
+    config = run.load_config()
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(run.load_trial(run.completed_trials()[-1], config.robot.robot).model_arrays, "cpu")
+    data = TransitionData.empty()
+    for other in others:
+        source = RunDirectory(other)
+        for k in source.completed_trials():
+            data = data.concat(learning_transitions(source.load_trial(k, config.robot.robot).trajectory,
+                                                    config.robot.policy_period, config.robot.actuated_joint))
+    errors = model.one_step_errors(data)
+    return {"n": len(data), **{name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--on", type=Path, nargs="+", help="score the runs' last models on these runs' trials")
     args = parser.parse_args()
+    if args.on:
+        print(f"RMS one-step error of the velocity change (rad/s) of each run's last model on the trials of "
+              f"{', '.join(str(p) for p in args.on)}")
+        print("| run | gp.delay_aware | transitions | prior q1 | learned q1 | prior q2 | learned q2 |")
+        print("|---|---|---|---|---|---|---|")
+        for root in args.runs:
+            e = last_model_errors(root, args.on)
+            delay = RunDirectory(root).load_config().gp.delay_aware
+            print(f"| {root} | {delay} | {e['n']} | {e['prior'][0]:.3f} | {e['learned'][0]:.3f} | "
+                  f"{e['prior'][1]:.3f} | {e['learned'][1]:.3f} |")
+        return 0
     for root in args.runs:
         config = RunDirectory(root).load_config()
         print(f"\n{root} (robot {config.robot.robot}, robot profile {config.robot_profile}, prior "
