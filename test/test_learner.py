@@ -123,8 +123,12 @@ def _fitted_model(dtype=torch.float64, n=25, seed=5):
     return model
 
 
-def test_rollout_gradient_matches_finite_differences_float64():
-    model = _fitted_model()
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_rollout_gradient_matches_finite_differences_float64(delay):
+    """Also with a command delay (``gp.delay_aware``): the torque of step t then acts in step t + 1 too, and the
+    gradient through the previous command (policy without rollout_parts: one node per step, the previous command
+    through autograd) checks out."""
+    model = _fitted_model() if not delay else _friction_model("pendubot", "rk4", delay)
     policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
     x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
 
@@ -651,21 +655,6 @@ def test_policy_rollout_function_equals_forward_features_with_gradients():
     for a, b in zip(torch.autograd.grad((u_fast * weights).sum(), inputs),
                     torch.autograd.grad((u_ref * weights).sum(), inputs)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
-def test_delay_aware_rollout_gradient_matches_finite_differences():
-    """With a command delay the torque of step t also acts in step t + 1; the gradient through the previous
-    command (policy without rollout_parts: one node per step, previous command through autograd) checks out."""
-    model = _friction_model("pendubot", "rk4", 0.3)
-    policy = TorchPolicy.random(8, 3.0, torch.Generator().manual_seed(6), dtype=torch.float64)
-    x0 = torch.tensor(_states(np.random.default_rng(7), 4) * 0.2)
-
-    def objective(*values):
-        traj = rollout(model, _Functional(policy, values), x0, 6, torch.Generator().manual_seed(8))
-        return trajectory_cost(traj, CostSettings())
-
-    inputs = tuple(p.detach().clone().requires_grad_(True) for p in policy.parameters())
-    assert torch.autograd.gradcheck(objective, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
 def test_the_delay_acts_from_the_second_step_on():
