@@ -47,7 +47,8 @@ def run_errors(root: Path) -> list[dict]:
 
 
 def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
-    """RMS error (per joint, rad/s) of the run's last model, prior and learned, on every trial of ``others``."""
+    """RMS error (per joint, rad/s) of the run's last model, prior and learned, on every trial of ``others``, and
+    whether the model is delay-aware."""
     run = RunDirectory(root)
     config = run.load_config()
     model = DynamicsModel(config.model_robot, config.gp)
@@ -59,7 +60,8 @@ def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
             data = data.concat(learning_transitions(source.load_trial(k, config.robot.robot).trajectory,
                                                     config.robot.policy_period, config.robot.actuated_joint))
     errors = model.one_step_errors(data)
-    return {"n": len(data), **{name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}}
+    return {"n": len(data), "delay_aware": config.gp.delay_aware,
+            **{name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}}
 
 
 def main() -> int:
@@ -74,8 +76,7 @@ def main() -> int:
         print("|---|---|---|---|---|---|---|")
         for root in args.runs:
             e = last_model_errors(root, args.on)
-            delay = RunDirectory(root).load_config().gp.delay_aware
-            print(f"| {root} | {delay} | {e['n']} | {e['prior'][0]:.3f} | {e['learned'][0]:.3f} | "
+            print(f"| {root} | {e['delay_aware']} | {e['n']} | {e['prior'][0]:.3f} | {e['learned'][0]:.3f} | "
                   f"{e['prior'][1]:.3f} | {e['learned'][1]:.3f} |")
         return 0
     for root in args.runs:

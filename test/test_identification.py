@@ -58,13 +58,17 @@ def test_the_model_identifies_before_fitting_and_reloads_the_identified_prior(pe
     assert np.all(residual < 0.3 * left), (residual, left)          # far less is left for the GP to learn
 
 
-def test_the_setting_is_validated(tmp_path, repo):
+@pytest.mark.parametrize("bad,problem,good,setting", [
+    ("identify: maybe", "gp.identify", "identify: true", "identify"),
+    ("delay_aware: true", "gp.delay_aware.*needs gp.identify", "delay_aware: true, identify: true", "delay_aware")])
+def test_the_settings_are_validated(tmp_path, repo, bad, problem, good, setting):
+    """gp.identify must be a boolean; gp.delay_aware needs gp.identify (the delay is fitted with the friction)."""
     path = tmp_path / "t.yaml"
-    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{identify: maybe}}\n")
-    with pytest.raises(ConfigError, match="gp.identify"):
+    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{{bad}}}\n")
+    with pytest.raises(ConfigError, match=problem):
         load_train_config(path, "pendubot")
-    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{identify: true}}\n")
-    assert load_train_config(path, "pendubot").gp.identify
+    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{{good}}}\n")
+    assert getattr(load_train_config(path, "pendubot").gp, setting)
 
 
 def test_the_delay_aware_fit_finds_the_command_delay_of_a_late_robot(pendubot_config, plants, repo):
@@ -95,11 +99,3 @@ def test_the_delay_aware_fit_finds_the_command_delay_of_a_late_robot(pendubot_co
     assert model.prior_constants.delay == model.delay_fraction
     assert np.array_equal(model.effective_commands(data), data.u + model.delay_fraction * (data.u_prev - data.u))
 
-
-def test_delay_aware_needs_identify(tmp_path, repo):
-    path = tmp_path / "t.yaml"
-    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{delay_aware: true}}\n")
-    with pytest.raises(ConfigError, match="gp.delay_aware.*needs gp.identify"):
-        load_train_config(path, "pendubot")
-    path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{delay_aware: true, identify: true}}\n")
-    assert load_train_config(path, "pendubot").gp.delay_aware

@@ -100,10 +100,8 @@ class TrialData:
     def transitions(self, actuated_joint: int):
         """The valid transitions as the learner's TransitionData (x, actuated torque, next x, and the torque of the
         period before, which also acts on a robot whose sensors lag; 0 before the trial's first period)."""
-        keep = self.valid
         u = self.u[:, actuated_joint]
-        previous = np.concatenate([[0.0], u[:-1]])
-        return TransitionData(self.x[:-1][keep].copy(), u[keep].copy(), self.x[1:][keep].copy(), previous[keep].copy())
+        return TransitionData(self.x[:-1], u, self.x[1:], np.concatenate([[0.0], u[:-1]])).subset(self.valid)
 
     def handed_over_states(self) -> np.ndarray:
         """(M, 4) the states at the end of each reset / disturbance window of the trial: what the window handed
