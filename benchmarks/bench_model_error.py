@@ -38,7 +38,7 @@ def run_errors(root: Path) -> list[dict]:
             continue
         model = DynamicsModel(config.model_robot, config.gp)
         model.load_arrays(record.model_arrays, "cpu")
-        data = learning_transitions(record.trajectory, config.robot.policy_period, config.robot.actuated_joint)
+        data = learning_transitions(record.trajectory, config.robot)
         errors = model.one_step_errors(data)
         rms = {name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}
         rows.append({"trial": k, "n": len(data), **{f"{name}_{j}": float(rms[name][j]) for name in rms
@@ -58,7 +58,7 @@ def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
         source = RunDirectory(other)
         for k in source.completed_trials():
             data = data.concat(learning_transitions(source.load_trial(k, config.robot.robot).trajectory,
-                                                    config.robot.policy_period, config.robot.actuated_joint))
+                                                    config.robot))
     errors = model.one_step_errors(data)
     return {"n": len(data), "delay_aware": config.gp.delay_aware,
             **{name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}}

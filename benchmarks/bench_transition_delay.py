@@ -35,8 +35,7 @@ def run_transitions(run: RunDirectory, config) -> TransitionData:
     previous command (``u_prev``)."""
     data = TransitionData.empty()
     for k in run.completed_trials():
-        d = learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot.policy_period,
-                                 config.robot.actuated_joint)
+        d = learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot)
         data = data.concat(d.subset(np.arange(1, len(d))))
     return data
 

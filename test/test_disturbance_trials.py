@@ -168,8 +168,10 @@ def test_sim_driver_refuses_a_window_after_stop_and_a_limit_above_6():
 
 
 def test_reader_keeps_reset_marked_states_and_their_neighbours_from_the_model(tmp_path):
-    """States marked frame_id "reset" invalidate every 20 ms interval that overlaps (t[j0-1], t[j1+1]) of a marked
-    run, even when the effort recorded on the passive joint is 0 (e.g. a bag without effort or a tiny PID torque)."""
+    """States marked frame_id "reset" invalidate every 20 ms interval that overlaps (t[j0-1], t[j1]) of a marked
+    run j0..j1 (the state after a window is always marked, the one it starts from maybe not), or (t[j-1], t[j+1])
+    of a lone marked state, even when the effort recorded on the passive joint is 0 (e.g. a bag without effort or a
+    tiny PID torque)."""
     from test_trials import DT_NS, T0, joint_state
 
     from mcpilco_core import recording
@@ -187,7 +189,7 @@ def test_reader_keeps_reset_marked_states_and_their_neighbours_from_the_model(tm
     recorder.close()
     trial = recording.load_trial(tmp_path / "bag", PENDUBOT)
     assert len(trial) == 30
-    assert list(np.flatnonzero(~trial.valid)) == [5, 9, 10]          # (0.104, 0.116) s and (0.198, 0.202) s
+    assert list(np.flatnonzero(~trial.valid)) == [5, 9, 10]          # (0.104, 0.114) s and (0.198, 0.202) s
     assert list(np.flatnonzero(trial.mode == "reset")) == [5, 9, 10]
     assert "3 interval(s) of 20 ms in reset/disturbance windows" in " ".join(trial.notes)
     assert len(trial.transitions(PENDUBOT.actuated_joint)) == 27
@@ -236,9 +238,11 @@ def test_trainer_disturbance_trial_records_the_window_marked_and_notes_it_in_ses
     assert window["status"] == "accepted" and window["index"] == 0 and window["start_step"] == 0
     np.testing.assert_array_equal(window["target"], DisturbanceTargets(5).next())
     trial = recording.load_trial(tmp_path / "session" / "trial_000", PENDUBOT)
-    # the window: states 1..100 marked, intervals 0..10 (to 0.22 s) out; the 20 intervals after it are the data
-    assert list(np.flatnonzero(~trial.valid)) == list(range(11)) and set(trial.mode[:11]) == {"reset"}
-    assert len(trial) >= 24 and np.all(trial.u[11:, 1] == 0.0) and np.allclose(trial.u[11:, 0], 0.5)
+    # the window: states 1..100 marked (state 0 went out before the window was armed), its 100 steps (state 0 to
+    # 100) out: intervals 0..9 (to 0.2 s); the state it handed over starts the data
+    assert list(np.flatnonzero(~trial.valid)) == list(range(10)) and set(trial.mode[:10]) == {"reset"}
+    assert len(trial) >= 24 and np.all(trial.u[10:, 1] == 0.0) and np.allclose(trial.u[10:, 0], 0.5)
+    np.testing.assert_array_equal(trial.handed_over_states(), trial.x[[10]])
 
 
 def test_trainer_refuses_a_disturbance_trial_without_a_driver_before_recording(tmp_path):

@@ -84,7 +84,7 @@ def test_the_delay_aware_fit_finds_the_command_delay_of_a_late_robot(pendubot_co
     prior, robot = plants
     profile = RobotProfile(name="late", plant_model="model_1.0", plant_models_file=str(repo / "config" /
                            "plant_models.yaml"), delay=0.005)
-    data = learning_transitions(exploration(pendubot_config, profile, 4, seconds=6.0), 0.02, 0)
+    data = learning_transitions(exploration(pendubot_config, profile, 4, seconds=6.0), pendubot_config)
     held_plant, none = identify_prior(prior, data, 0.02, 0, fit_delay=False)
     plant, delay = identify_prior(prior, data, 0.02, 0, fit_delay=True)
     assert none == 0.0 and delay == pytest.approx(0.2, abs=0.02)

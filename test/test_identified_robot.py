@@ -36,9 +36,14 @@ def exploration(config, profile: str, seed: int, seconds: float = 3.0):
     return run_on_robot(config, explorer, np.zeros(4), seconds, profile, seed)
 
 
+def recording(config, profile: str, seed: int):
+    """An exploration trial at the state rate, as its bag gives it."""
+    return state_recording(exploration(config, profile, seed), config)
+
+
 def test_the_proxys_friction_delay_lag_and_noise_come_back_from_one_exploration_trial(pendubot_config, repo):
     proxy = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
-    found = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "hardware_proxy", 1))],
+    found = identify_robot(pendubot_config.plant, [recording(pendubot_config, "hardware_proxy", 1)],
                            actuated=0, torque_limit=pendubot_config.torque_limit)
     assert found is not None and found.delay_steps == 2             # 5 ms at 2 ms steps: the state 2 steps old
     assert found.plant.cf == pytest.approx(proxy.cf, rel=0.06) and found.plant.Ir == pytest.approx(proxy.Ir, rel=0.1)
@@ -49,7 +54,7 @@ def test_the_proxys_friction_delay_lag_and_noise_come_back_from_one_exploration_
     profile = found.profile()
     assert int(profile.delay / 0.002) == 2 and profile.motor_responsiveness == found.motor_responsiveness
     # the nominal robot is its prior: no friction, no delay, no lag, no noise
-    ideal = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "nominal", 1))], 0,
+    ideal = identify_robot(pendubot_config.plant, [recording(pendubot_config, "nominal", 1)], 0,
                            pendubot_config.torque_limit)
     assert ideal.delay_steps == 0 and ideal.motor_responsiveness == pytest.approx(1.0, abs=1e-6)
     assert max(ideal.plant.cf) < 0.01 and max(ideal.measurement_noise) < 1e-3 and ideal.torque_noise < 1e-6
@@ -60,7 +65,7 @@ def test_a_bag_gives_the_recording_of_the_simulated_trial(pendubot_config):
     """The bag's streams as the reader gives them: effort[j] acted over the step ending at state j, each command
     stamped with the state it answers; a reset-marked state and a gap make their steps unusable."""
     traj = exploration(pendubot_config, "hardware_proxy", 2, 0.2)
-    direct = state_recording(traj)
+    direct = state_recording(traj, pendubot_config)
     n = len(traj.u)
     stamps = np.arange(n + 1, dtype=np.int64) * 2_000_000
     effort = np.vstack([np.zeros(2), traj.u])                       # state 0 carries the torque before the trial
@@ -76,7 +81,7 @@ def test_a_bag_gives_the_recording_of_the_simulated_trial(pendubot_config):
 
 
 def test_the_identified_robot_is_saved_with_the_model_and_the_protocol_runs_on_it(pendubot_config, repo):
-    found = identify_robot(pendubot_config.plant, [state_recording(exploration(pendubot_config, "hardware_proxy", 3))],
+    found = identify_robot(pendubot_config.plant, [recording(pendubot_config, "hardware_proxy", 3)],
                            0, pendubot_config.torque_limit)
     model = DynamicsModel(pendubot_config)
     model.robot = found
@@ -203,7 +208,7 @@ def test_a_delayed_robots_transition_needs_the_previous_command(pendubot_config,
     plant = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
     profile = RobotProfile(name="late", plant_model="model_1.0", plant_models_file=str(repo / "config" /
                            "plant_models.yaml"), delay=0.005, motor_responsiveness=responsiveness)
-    data = learning_transitions(exploration(pendubot_config, profile, 3, seconds=2.0), pendubot_config.policy_period, 0)
+    data = learning_transitions(exploration(pendubot_config, profile, 3, seconds=2.0), pendubot_config)
     previous = data.u_prev
     assert previous[0] == 0.0 and np.array_equal(previous[1:], data.u[:-1])   # motor off before, then the one before
     held = predicted_velocities(plant, data, 0.02, 0) - data.x_next[:, 2:]

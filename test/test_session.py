@@ -75,6 +75,56 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
     assert result["friction_compensation"] is False          # the opt-in is reported in session.json too
 
 
+@pytest.mark.timeout(600)
+def test_a_session_and_an_offline_run_with_the_same_settings_are_the_same_computation(tmp_path):
+    """Over ROS (bags, a retrain per trial in the trainer's process) and offline, on the hardware proxy with
+    disturbance trials, identification, the state-rate robot and the delay-aware model: every trial's states and
+    torques, every model and every policy agree bit for bit, so "offline lands near the session" holds exactly."""
+    from mcpilco_core.learning.runs import RunDirectory
+
+    config = tmp_path / "proxy_tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "base": str(TINY), "robot_config": str(REPO / "config" / "pendubot_dither.yaml"),
+        "robot_profile": "hardware_proxy", "trials": 3,
+        "initial_state": {"k_m": 5, "K": 10, "disturbance_trial_from": 1, "pool_seeds_per_trial": 1},
+        "gp": {"identify": True, "identify_robot": True, "delay_aware": True}}))
+    offline = tmp_path / "offline"
+    train = subprocess.Popen([sys.executable, "-m", "mcpilco_ros.cli", "train", "--robot", "pendubot", "--config",
+                              str(config), "--out", str(offline)], env=ros_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)   # beside the session: its nodes mostly wait
+    out = tmp_path / "session"
+    try:
+        SimSession(SessionOptions(robot="pendubot", train_config=config, out=out, trials=3, eval_seeds=(100,),
+                                  eval_duration=1.0, quiet=True)).run()
+        output = train.communicate(timeout=300)[0]
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    assert train.returncode == 0, output
+
+    run = RunDirectory(offline)
+    policies = sorted((out / "retrain" / "policies").glob("policy_*.npz"))
+    models = sorted((out / "retrain" / "models").glob("model_*.npz"))
+    assert len(policies) == len(models) == 2
+    for k in range(3):
+        recorded = np.load(out / "trials" / f"trial_{k:03d}.npz")
+        simulated = np.load(run.root / "trials" / f"trial_{k:03d}" / "data.npz")
+        for name in ("x", "x_measured", "u", "u_cmd"):
+            assert np.array_equal(recorded[name], simulated[name]), (k, name)
+    assert (np.load(out / "trials" / "trial_001.npz")["mode"] == 5).sum() == 100   # trial 1 began with a window
+    for k, (model, policy) in enumerate(zip(models, policies), start=1):
+        offline_model = np.load(run.root / "trials" / f"trial_{k:03d}" / "model.npz")
+        session_model = np.load(model)
+        assert sorted(offline_model.files) == sorted(session_model.files)
+        for name in offline_model.files:
+            assert np.array_equal(offline_model[name], session_model[name]), (k, name)
+        offline_policy, session_policy = np.load(run.root / "trials" / f"trial_{k:03d}" / "policy.npz"), np.load(policy)
+        for name in ("centers", "log_lengthscales", "weights"):
+            assert np.array_equal(offline_policy[name], session_policy[name]), (k, name)
+    assert load_policy(out / "policy.npz").version() == load_policy(offline / "policy.npz").version()
+
+
 def node_processes_of(out: Path) -> list[int]:
     """PIDs of live processes started with a params file under ``out`` (the session's node processes)."""
     pids = []

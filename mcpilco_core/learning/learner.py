@@ -40,8 +40,8 @@ from ..config import (
 )
 from ..control.exploration import ExplorationController, trial_rng
 from ..policy import PolicyError, load_policy
-from ..recording.state_rate import StateRecording, recording_from_arrays
-from ..recording.transitions import TransitionData, transitions_from_trajectory
+from ..recording.state_rate import StateRecording
+from ..recording.transitions import TransitionData
 from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
@@ -532,27 +532,43 @@ def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
 
 
-def learning_transitions(trajectory, period: float, actuated: int) -> TransitionData:
-    """The trial's transitions at the policy ``period`` as :func:`learning_data` gives it. The first one's previous
-    command is the mean actuated torque of the reset window's last period, or 0 without a window (motor off), as a
-    bag of the trial gives it."""
-    t, x, u = learning_data(trajectory)
-    if len(u) < 1:
-        return TransitionData.empty()
-    start = len(trajectory.u) - len(u)
-    stride = max(1, round(period / float(trajectory.t[1] - trajectory.t[0])))
-    previous = float(trajectory.u[max(0, start - stride):start, actuated].mean()) if start > 0 else 0.0
-    return transitions_from_trajectory(t, x, u, period, actuated, previous)
+def recorded_trial(trajectory, config: RobotConfig):
+    """A simulated trial as a session's bag of it reads (:class:`mcpilco_core.recording.TrialData`).
 
-
-def state_recording(trajectory) -> StateRecording:
-    """A trial at the state rate as its bag gives it: measured states, applied and commanded torques, the steps
-    of a reset window marked unusable."""
+    The streams are the ones the lockstep simulated robot and the controller publish: state k stamped k steps
+    after the start, with the measured state and the torque applied over the step that ended at it; a command per
+    state; the states before and after a window's steps marked ``reset``. The bag reader's own ``resample`` turns
+    them into the learner's data, so an offline run learns from the very numbers a session's retrain reads (the
+    20 ms grid, the torque averaged over each interval, the window's intervals left out, the state it handed over,
+    the state-rate recording) and an offline run and a session with the same settings are the same computation."""
+    from ..recording.reader import RawTrial, resample
     from ..simulation import MODE_CODES
 
-    x = trajectory.extras.get("x_measured", trajectory.x)
-    return recording_from_arrays(trajectory.t, x, trajectory.u, trajectory.u_cmd,
-                                 trajectory.mode != MODE_CODES["reset"])
+    names = {code: name for name, code in MODE_CODES.items()}
+    x = np.asarray(trajectory.extras.get("x_measured", trajectory.x), float)
+    u = np.asarray(trajectory.u, float)
+    dt_ns = int(round(float(trajectory.dt) * 1e9))
+    stamps = np.arange(len(x), dtype=np.int64) * dt_ns
+    window = np.asarray(trajectory.mode) == MODE_CODES["reset"]
+    marked = np.zeros(len(x), bool)
+    marked[:-1] |= window                      # the state a window step starts from ...
+    marked[1:] |= window                       # ... and the one it ends at
+    raw = RawTrial("simulated trial", stamps, x[:, :2].copy(), x[:, 2:].copy(), np.vstack([np.zeros((1, 2)), u]),
+                   stamps[:len(u)].copy(), np.asarray(trajectory.u_cmd, float).copy(),
+                   [names.get(int(m), "other") for m in trajectory.mode], state_reset=marked)
+    return resample(raw, config)
+
+
+def learning_transitions(trajectory, config: RobotConfig) -> TransitionData:
+    """The trial's transitions at the policy period, as a bag of it gives them (:func:`recorded_trial`): each
+    one's previous command is the interval before it (a window's last one after a window), 0 at the start."""
+    return recorded_trial(trajectory, config).transitions(config.actuated_joint)
+
+
+def state_recording(trajectory, config: RobotConfig) -> StateRecording:
+    """A trial at the state rate as its bag gives it (:func:`recorded_trial`): measured states, applied and
+    commanded torques, a window's steps marked unusable."""
+    return recorded_trial(trajectory, config).states
 
 
 def disturbance_seed(seed: int, trial: int) -> int:
@@ -657,12 +673,14 @@ class Learner:
         self.pool = np.zeros((0, 4))
 
     # ------------------------------------------------------------------ state
-    def add_trajectory(self, trajectory) -> None:
-        """Learn from a trial as its bag would give it: measured states, applied torques, no reset window."""
+    def add_trajectory(self, trajectory):
+        """Learn from a trial as its bag gives it (:func:`recorded_trial`); returns that recorded trial."""
         cfg = self.config.robot
-        self.data = self.data.concat(learning_transitions(trajectory, cfg.policy_period, cfg.actuated_joint))
-        if self.config.gp.identify_robot and len(trajectory.u) >= 1:
-            self.recordings.append(state_recording(trajectory))
+        recorded = recorded_trial(trajectory, cfg)
+        self.data = self.data.concat(recorded.transitions(cfg.actuated_joint))
+        if self.config.gp.identify_robot and recorded.states is not None:
+            self.recordings.append(recorded.states)
+        return recorded
 
     def restore(self, records: list[TrialRecord], initial_pool: np.ndarray) -> None:
         """Rebuild the learner after the given (complete) trials, e.g. for --resume."""
@@ -801,8 +819,7 @@ class Learner:
         record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration, cfg.robot_profile,
                                          trial_noise_seed(cfg.seed, record.index), target)
         record.robot_time = robot_seconds(record.trajectory)
-        self.add_trajectory(record.trajectory)
-        handed_over = learning_data(record.trajectory)[1][:1] if target is not None else np.zeros((0, 4))
+        handed_over = self.add_trajectory(record.trajectory).handed_over_states()   # as a session's retrain reads it
         stride = round(cfg.robot.policy_period / record.trajectory.dt)
         record.robot_cost = float(saturated_cost(torch.as_tensor(record.trajectory.x[::stride]), cfg.cost).sum())
         timings["robot"] = time.perf_counter() - start

@@ -408,5 +408,5 @@ def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
         return config, [t.states for t in trials]
     run = RunDirectory(root)
     config = run.load_config()
-    return config, [state_recording(run.load_trial(k, config.robot.robot).trajectory)
+    return config, [state_recording(run.load_trial(k, config.robot.robot).trajectory, config.robot)
                     for k in run.completed_trials()]

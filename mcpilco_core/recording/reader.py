@@ -30,7 +30,7 @@ from .bags import (
     typestore,
 )
 from .session_directory import SessionDirectory
-from .state_rate import StateRecording, recording_from_bag
+from .state_rate import StateRecording, marked_runs, recording_from_bag, window_span
 from .transitions import TransitionData
 
 LOG = logging.getLogger("mcpilco.recording")
@@ -349,7 +349,12 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
                      "trial's time span")
     hole = np.diff(position[keep]) > 1 if len(keep) else np.zeros(0, bool)
     effort = raw.effort[keep] if len(raw.effort) else raw.effort
-    reset = raw.state_reset[keep] if len(raw.state_reset) == n else np.zeros(len(keep), bool)
+    reset = np.zeros(len(keep), bool)
+    if len(raw.state_reset) == n and n:
+        # a merged repeat is marked when any copy is (a lockstep driver may arm a window between two copies)
+        marked = np.zeros(int(position[-1]) + 1, bool)
+        np.logical_or.at(marked, position, raw.state_reset)
+        reset = marked[position[keep]]
     return _CleanStates(raw.state_t[keep], raw.q[keep], raw.dq[keep], effort, hole, notes,
                         n - int(repeat.sum()) - len(keep), reset)
 
@@ -398,11 +403,12 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
     valid &= outside
     mode = np.where(outside, mode, "reset")
     notes = clean.notes + command_notes
-    if not outside.all():
-        notes.append(f"{int((~outside).sum())} interval(s) of {period * 1e3:g} ms in reset/disturbance windows "
-                     f"(joint_states frame_id '{RESET_FRAME}') not used for the model")
     for note in notes:
         LOG.warning("%s: %s", raw.path, note)
+    if not outside.all():          # what a disturbance trial is for: said, not warned
+        notes.append(f"{int((~outside).sum())} interval(s) of {period * 1e3:g} ms in reset/disturbance windows "
+                     f"(joint_states frame_id '{RESET_FRAME}') not used for the model")
+        LOG.info("%s: %s", raw.path, notes[-1])
     states = recording_from_bag(raw.state_t, raw.q, raw.dq, raw.effort, raw.command_t, raw.command_u, clean.reset)
     return TrialData(robot=config.robot, period=period, t=grid, x=x, u=u, mode=mode, valid=valid, source=raw.path,
                      policy_version=raw.custom.get("policy_version", ""), torque_source=source, notes=notes,
@@ -445,18 +451,16 @@ def _gap_free(t: np.ndarray, grid: np.ndarray, max_gap: float, hole: np.ndarray 
 
 
 def _outside_windows(t: np.ndarray, grid: np.ndarray, reset: np.ndarray) -> np.ndarray:
-    """True for intervals [grid_k, grid_k+1] outside every reset/disturbance window. A run of marked states
-    j0..j1 covers (t[j0-1], t[j1+1]): the window's torque acted between a marked state and its neighbours
-    (whichever side the driver stamps it on), so every interval overlapping that span is out."""
+    """True for intervals [grid_k, grid_k+1] outside every reset/disturbance window: no interval overlapping the
+    span (t[a], t[b]) of a marked run (:func:`window_span`) is used. The state a window hands over starts the
+    first interval after it (1 ns of tolerance on the stamps' float seconds)."""
     outside = np.ones(len(grid) - 1, bool)
     if not len(reset) or not reset.any():
         return outside
-    marked = reset.astype(np.int8)
-    edges = np.diff(np.concatenate([[0], marked, [0]]))
-    for j0, j1 in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1):
-        a, b = t[max(j0 - 1, 0)], t[min(j1 + 1, len(t) - 1)]
-        first = max(int(np.searchsorted(grid, a, side="right")) - 1, 0)
-        last = int(np.searchsorted(grid, b, side="left"))
+    for j0, j1 in marked_runs(reset):
+        a, b = window_span(j0, j1, len(t))
+        first = max(int(np.searchsorted(grid, t[a] + 1e-9, side="right")) - 1, 0)
+        last = int(np.searchsorted(grid, t[b] - 1e-9, side="left"))
         outside[first:last] = False
     return outside
 

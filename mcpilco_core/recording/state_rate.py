@@ -29,6 +29,32 @@ class StateRecording:
                              f"{self.command.shape}, valid {self.valid.shape} do not fit together")
 
 
+def marked_runs(reset: np.ndarray) -> list[tuple[int, int]]:
+    """The runs j0..j1 (inclusive) of consecutive reset-marked states."""
+    marked = np.asarray(reset, bool).astype(np.int8)
+    edges = np.diff(np.concatenate([[0], marked, [0]]))
+    return [(int(j0), int(j1)) for j0, j1 in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1)]
+
+
+def window_span(j0: int, j1: int, n: int) -> tuple[int, int]:
+    """The states (a, b) between which the window torque of the marked run j0..j1 may have acted (n states in
+    all). The state after a window's last step is always marked (both drivers mark it), so the window ends at j1;
+    the state a window starts from may be unmarked (the lockstep driver can publish it before the window is
+    armed), so the step into j0 counts as the window's too. A lone marked state's side is unknown: both steps."""
+    if j1 > j0:
+        return max(j0 - 1, 0), j1
+    return max(j0 - 1, 0), min(j1 + 1, n - 1)
+
+
+def window_steps(reset: np.ndarray) -> np.ndarray:
+    """(n - 1,) True for the steps (state j to j + 1) a reset/disturbance window's torque acted over."""
+    steps = np.zeros(max(len(reset) - 1, 0), bool)
+    for j0, j1 in marked_runs(reset):
+        a, b = window_span(j0, j1, len(reset))
+        steps[a:b] = True
+    return steps
+
+
 def recording_from_arrays(t: np.ndarray, x_measured: np.ndarray, applied: np.ndarray, commanded: np.ndarray,
                           usable: np.ndarray) -> StateRecording:
     """A simulated trial (``data.npz`` of a run: t, x_measured, u, u_cmd and the steps outside its window)."""
@@ -41,7 +67,7 @@ def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, ef
     """A recorded trial's streams (recording.reader.RawTrial's arrays): ``effort[j]`` acted over the step ending at
     state j; the command of a step is the newest one stamped at or before the state it answers (the controller
     stamps a command with its state; a command older than half a step at a state is not that step's: unknown).
-    Steps whose interval is not the median one (a gap, a dropped state), steps next to a reset-marked state and
+    Steps whose interval is not the median one (a gap, a dropped state), a window's steps (:func:`window_span`) and
     steps next to a non-finite state are not valid. None when the states carry no effort."""
     if len(effort) != len(state_t_ns) or len(state_t_ns) < 3:
         return None
@@ -50,8 +76,7 @@ def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, ef
     dt = float(np.median(steps))
     valid = np.abs(steps - dt) < 0.25 * dt
     if len(reset):
-        marked = np.asarray(reset, bool)
-        valid &= ~marked[:-1] & ~marked[1:]
+        valid &= ~window_steps(reset)
     command = np.full((len(steps), 2), np.nan)
     if len(command_t_ns):
         order = np.argsort(command_t_ns, kind="stable")
