@@ -68,22 +68,25 @@ def test_a_disturbance_trial_torques_the_passive_joint_only_inside_its_window(pe
     """The trial starts with the protocol's 0.2 s reset PID on both motors; outside it the passive joint gets
     exactly 0, inside both joints stay within the reset limit; the learner never sees the window."""
     from mcpilco_core.control import build_controller
-    from mcpilco_core.learning.learner import learning_data, run_on_robot
+    from mcpilco_core.learning.learner import recorded_trial, run_on_robot
     from mcpilco_core.simulation import MODE_CODES
 
     controller = build_controller(pendubot_config)           # LQR + damping; zero torque far from the top
     traj = run_on_robot(pendubot_config, controller, np.zeros(4), 1.0, "hardware_proxy", 3, np.array([2.5, -1.0]))
     reset = traj.mode == MODE_CODES["reset"]
     n = int(reset.sum())
-    assert n in (100, 101) and reset[:n].all()              # RealAIGym's window: while its timer <= 0.2 s
+    assert n == 100 and reset[:n].all()                      # RealAIGym's window: its 0.2 s from 0
     assert len(traj.u) == n + 500                            # the window, then the trial's 1.0 s
     assert np.all(traj.u[~reset, 1] == 0.0)                   # pendubot: the elbow is passive
     assert np.abs(traj.u[reset]).max() <= 6.0 and np.abs(traj.u[reset, 1]).max() > 0.5
     assert np.abs(traj.x[n, 2:]).max() > 3.0               # it handed over a fast state
-    t, x, u = learning_data(traj)
-    assert len(u) == 500 and t[0] == 0.0 and np.all(u[:, 1] == 0.0)
-    np.testing.assert_array_equal(x, traj.extras["x_measured"][n:])   # what the sensors reported
-    assert not np.array_equal(x, traj.x[n:])                          # (noisy, delayed: not the truth)
+    trial = recorded_trial(traj, pendubot_config)            # as its bag reads
+    assert list(np.flatnonzero(~trial.valid)) == list(range(10)) and set(trial.mode[:10]) == {"reset"}
+    data = trial.transitions(pendubot_config.actuated_joint)
+    assert len(data) == 50 and data.u_prev[0] == trial.u[9, 0] != 0.0   # the window's last 20 ms came before
+    np.testing.assert_array_equal(data.x, traj.extras["x_measured"][n:-1:10])   # what the sensors reported
+    np.testing.assert_array_equal(trial.handed_over_states(), traj.extras["x_measured"][[n]])
+    assert not np.array_equal(data.x, traj.x[n:-1:10])                         # (noisy, delayed: not the truth)
 
 
 def test_the_prior_and_the_controller_do_not_change_when_the_robot_does(tmp_path):

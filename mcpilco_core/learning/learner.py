@@ -520,18 +520,6 @@ def run_on_robot(config: RobotConfig, controller, x0: np.ndarray, duration: floa
     return drive(robot, controller, int(round(duration / config.control_period)), True)
 
 
-def learning_data(trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(t, measured states, applied torques) of a trial, with the reset window's steps cut off: what a bag of
-    the trial gives the learner (the sensors' view; the window torques the passive joint, which the model
-    never sees)."""
-    from ..simulation import MODE_CODES
-
-    x = trajectory.extras.get("x_measured", trajectory.x)
-    reset = np.flatnonzero(trajectory.mode == MODE_CODES["reset"])
-    start = int(reset[-1]) + 1 if reset.size else 0
-    return trajectory.t[start:] - trajectory.t[start], x[start:], trajectory.u[start:]
-
-
 def recorded_trial(trajectory, config: RobotConfig):
     """A simulated trial as a session's bag of it reads (:class:`mcpilco_core.recording.TrialData`).
 

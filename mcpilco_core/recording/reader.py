@@ -395,6 +395,11 @@ def resample(raw: RawTrial, config: RobotConfig, settings: ResampleSettings = Re
         raise TrialError(f"{raw.path}: shorter than one policy period ({t[-1]:.4f} s < {period} s)")
     grid = np.arange(n + 1) * period
     x = np.column_stack([np.interp(grid, t, col) for col in (*raw.q.T, *raw.dq.T)])
+    # a state stamped on a grid point to the nanosecond is that point's state, not a float-rounded interpolation
+    grid_ns = raw.state_t[0] + np.round(grid * 1e9).astype(np.int64)
+    at = np.minimum(np.searchsorted(raw.state_t, grid_ns), len(raw.state_t) - 1)
+    on_grid = raw.state_t[at] == grid_ns
+    x[on_grid] = np.column_stack([raw.q, raw.dq])[at[on_grid]]
     u, source, torque_valid = _interval_torque(raw, t, grid, config)
     valid = _gap_free(t, grid, settings.max_gap, clean.hole) & torque_valid
     valid &= np.abs(u[:, config.passive_joint]) <= passive_tolerance(config, settings)
