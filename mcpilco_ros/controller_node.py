@@ -42,7 +42,7 @@ from sensor_msgs.msg import JointState
 from std_srvs.srv import SetBool, Trigger
 
 from mcpilco_core.control import Supervisor, build_controller
-from mcpilco_core.control.exploration import ExplorationController, trial_rng
+from mcpilco_core.control.exploration import ExplorationController, exploration_command, trial_rng
 from mcpilco_core.paths import policies_dir
 from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
 
@@ -67,10 +67,6 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("exploration.seed", 0, "seed of the exploration torques (run k uses (seed, k), like the learner's "
               "trial k)", 0, 2**31 - 1),
 )
-
-# Supervisor modes that override exploration: safety first.
-OVERRIDING_MODES = ("damping", "safe")
-
 
 def resolve_policy_path(value: str) -> tuple[Path | None, str]:
     """The policy file a ``policy`` parameter names: (path or None, explanation).
@@ -225,13 +221,6 @@ class ControllerNode(ConfiguredNode):
         self._explorer = ExplorationController(self.config, self.exploration_amplitude, rng)
         self.exploration_runs += 1
 
-    def _explore_torque(self, x: np.ndarray, t: float) -> np.ndarray:
-        """The exploration torque (N m): actuated joint clipped to its limit, passive joint exactly 0."""
-        act = self.config.actuated_joint
-        u = np.zeros(2)
-        u[act] = float(np.clip(self._explorer.step(x, t)[act], -self.config.torque_limit, self.config.torque_limit))
-        return u
-
     def _on_explore(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
         if self.armed:
             response.success = False
@@ -307,8 +296,8 @@ class ControllerNode(ConfiguredNode):
         start = time.perf_counter()
         u = self.supervisor.step(x, t)
         mode = self.supervisor.mode
-        if self._explorer is not None and mode not in OVERRIDING_MODES:
-            u, mode = self._explore_torque(x, t), "explore"
+        if self._explorer is not None:    # damping and safe override exploration (exploration_command)
+            u, mode = exploration_command(u, mode, self._explorer, x, t)
         self.step_time.add(time.perf_counter() - start)
         if not np.isfinite(u).all():  # the supervisor guarantees this; a motor must never see NaN
             u = np.zeros(2)

@@ -77,24 +77,25 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
 
 @pytest.mark.timeout(600)
 def test_a_session_and_an_offline_run_with_the_same_settings_are_the_same_computation(tmp_path):
-    """Over ROS (bags, a retrain per trial in the trainer's process) and offline, on the hardware proxy with
-    disturbance trials, identification, the state-rate robot and the delay-aware model: every trial's states and
-    torques, every model and every policy agree bit for bit, so "offline lands near the session" holds exactly."""
+    """Over ROS (bags, a retrain per trial in the trainer's process) and offline, on the hardware-proxy acrobot
+    with disturbance trials, identification, the state-rate robot and the delay-aware model, and an exploration
+    fast enough for the supervisor's damping to take over: every trial's states and torques, every model and every
+    policy agree bit for bit, so "offline lands near the session" holds exactly."""
     from mcpilco_core.learning.runs import RunDirectory
 
     config = tmp_path / "proxy_tiny.yaml"
     config.write_text(yaml.safe_dump({
-        "base": str(TINY), "robot_config": str(REPO / "config" / "pendubot_dither.yaml"),
-        "robot_profile": "hardware_proxy", "trials": 3,
+        "base": str(TINY), "robot_config": str(REPO / "config" / "acrobot_dither.yaml"), "seed": 1,
+        "robot_profile": "hardware_proxy", "trials": 3, "exploration": {"duration": 2.0, "amplitude": 6.0},
         "initial_state": {"k_m": 5, "K": 10, "disturbance_trial_from": 1, "pool_seeds_per_trial": 1},
         "gp": {"identify": True, "identify_robot": True, "delay_aware": True}}))
     offline = tmp_path / "offline"
-    train = subprocess.Popen([sys.executable, "-m", "mcpilco_ros.cli", "train", "--robot", "pendubot", "--config",
+    train = subprocess.Popen([sys.executable, "-m", "mcpilco_ros.cli", "train", "--robot", "acrobot", "--config",
                               str(config), "--out", str(offline)], env=ros_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)   # beside the session: its nodes mostly wait
     out = tmp_path / "session"
     try:
-        SimSession(SessionOptions(robot="pendubot", train_config=config, out=out, trials=3, eval_seeds=(100,),
+        SimSession(SessionOptions(robot="acrobot", train_config=config, out=out, trials=3, eval_seeds=(100,),
                                   eval_duration=1.0, quiet=True)).run()
         output = train.communicate(timeout=300)[0]
     finally:
@@ -113,6 +114,7 @@ def test_a_session_and_an_offline_run_with_the_same_settings_are_the_same_comput
         for name in ("x", "x_measured", "u", "u_cmd"):
             assert np.array_equal(recorded[name], simulated[name]), (k, name)
     assert (np.load(out / "trials" / "trial_001.npz")["mode"] == 5).sum() == 100   # trial 1 began with a window
+    assert (np.load(out / "trials" / "trial_000.npz")["mode"] == 2).sum() > 0      # the damping cut in on trial 0
     for k, (model, policy) in enumerate(zip(models, policies), start=1):
         offline_model = np.load(run.root / "trials" / f"trial_{k:03d}" / "model.npz")
         session_model = np.load(model)

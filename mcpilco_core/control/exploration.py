@@ -1,9 +1,10 @@
 """Random exploration torques (MC-PILCO's trial 0), without torch: the controller node runs this on the robot.
 
 The numpy generator of trial k comes from ``SeedSequence([seed, k])`` (:func:`trial_rng`), so the controller node's
-exploration on the simulated robot and on the real one draw the same torques for the same seed. The offline
-learner's trial 0 (``Learner.exploration_trial``) draws its start state from that stream first, so its torques are
-another sequence of the same distribution: an offline run and a session with the same seed do not explore alike.
+exploration on the simulated robot and on the real one, and the offline learner's trial 0, draw the same torques for
+the same seed. On the robot the supervisor keeps watching while it explores: its damping (too fast) and safe modes
+override the exploration torque (:func:`exploration_command`); the offline learner explores through the same rule
+(:class:`SupervisedExploration`), so an offline run and a session explore alike.
 """
 
 from __future__ import annotations
@@ -43,3 +44,40 @@ class ExplorationController:
             self._u[self.config.actuated_joint] = self.rng.uniform(-self.amplitude, self.amplitude)
             self._next_time = t + self.config.policy_period
         return self._u.copy()
+
+
+# Supervisor modes that override exploration: safety first.
+OVERRIDING_MODES = ("damping", "safe")
+
+
+def exploration_command(supervisor_u: np.ndarray, supervisor_mode: str, explorer: ExplorationController,
+                        x: np.ndarray, t: float) -> tuple[np.ndarray, str]:
+    """(torque in N m, mode) while exploring: the supervisor's own command when it damps or stops (the explorer
+    is not stepped then), else the exploration torque on the actuated joint, clipped to the torque limit, and
+    exactly 0 on the passive joint (mode ``explore``)."""
+    if supervisor_mode in OVERRIDING_MODES:
+        return supervisor_u, supervisor_mode
+    config = explorer.config
+    u = np.zeros(2)
+    u[config.actuated_joint] = float(np.clip(explorer.step(x, t)[config.actuated_joint], -config.torque_limit,
+                                             config.torque_limit))
+    return u, "explore"
+
+
+class SupervisedExploration:
+    """Exploration as the controller node runs it (:func:`exploration_command`): ``supervisor`` (a controller
+    with ``step(x, t)``, ``mode`` and ``reset()``, e.g. ``build_controller(config)``) sees every state."""
+
+    def __init__(self, supervisor, explorer: ExplorationController) -> None:
+        self.supervisor, self.explorer = supervisor, explorer
+        self.mode = "explore"
+
+    def reset(self) -> None:
+        self.supervisor.reset()
+        self.explorer.reset()
+        self.mode = "explore"
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        u = self.supervisor.step(x, t)
+        u, self.mode = exploration_command(u, self.supervisor.mode, self.explorer, x, t)
+        return u

@@ -38,7 +38,7 @@ from ..config import (
     load_robot_config,
     read_yaml,
 )
-from ..control.exploration import ExplorationController, trial_rng
+from ..control.exploration import ExplorationController, SupervisedExploration, trial_rng
 from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
@@ -697,13 +697,19 @@ class Learner:
 
     def exploration_trial(self) -> TrialRecord:
         """Trial 0: random torques. The torques come from a generator of their own, ``trial_rng(seed, 0)``, as
-        the controller node's first exploration run (``exploration.seed`` = seed) draws them: offline and
-        ``mcpilco session`` explore alike. (Before 2026-11-26 night they shared the generator of x0.)"""
+        the controller node's first exploration run (``exploration.seed`` = seed) draws them, and the supervisor's
+        damping and safe modes override them as in the node: offline and ``mcpilco session`` explore alike.
+        (Before 2026-11-26 night they shared the generator of x0; before 2026-11-27 afternoon offline exploration
+        was never damped.)"""
         cfg = self.config
         x0 = trial_start_state(cfg, 0)
         start = time.perf_counter()
+        from ..control import build_controller
+
         explorer = ExplorationController(cfg.robot, cfg.exploration_amplitude, trial_rng(cfg.seed, 0))
-        traj = run_on_robot(cfg.robot, explorer, x0, cfg.exploration_duration, cfg.robot_profile,
+        # the supervisor watches as on the robot: damping and safe override exploration (the controller node's rule)
+        controller = SupervisedExploration(build_controller(cfg.robot), explorer)
+        traj = run_on_robot(cfg.robot, controller, x0, cfg.exploration_duration, cfg.robot_profile,
                             trial_noise_seed(cfg.seed, 0))
         self.add_trajectory(traj)
         return TrialRecord(0, traj, x0, timings={"robot": time.perf_counter() - start}, robot_time=robot_seconds(traj))
