@@ -101,6 +101,27 @@ def test_acrobot_damping_acts_on_the_elbow_only(repo):
     assert controller.mode == "damping" and u[0] == 0.0 and u[1] > 0.0
 
 
+def test_exploration_yields_to_the_supervisors_damping_as_on_the_robot(repo):
+    """While exploring, the damping (too fast) overrides the random torque and the explorer is not stepped (its
+    draws resume where they stopped); otherwise the actuated joint gets the draw, the passive one exactly 0. The
+    offline learner's SupervisedExploration and the controller node share this rule."""
+    from mcpilco_core.control.exploration import ExplorationController, SupervisedExploration, trial_rng
+
+    config = load_controller(repo / "config" / "acrobot.yaml").config
+    reference = ExplorationController(config, 3.0, trial_rng(7, 0))
+    draws = [reference.step(np.zeros(4), k * config.policy_period)[1] for k in range(3)]
+    explore = SupervisedExploration(load_controller(repo / "config" / "acrobot.yaml"),
+                                    ExplorationController(config, 3.0, trial_rng(7, 0)))
+    explore.reset()
+    slow, fast = np.zeros(4), np.array([0.0, 0.0, 25.0, -30.0])
+    u = explore.step(slow, 0.0)
+    assert explore.mode == "explore" and u[0] == 0.0 and u[1] == draws[0]
+    u = explore.step(fast, 0.02)
+    assert explore.mode == "damping" and u[0] == 0.0 and u[1] > 0.0
+    u = explore.step(slow, 0.04)                                  # slow again: the next draw, not a skipped one
+    assert explore.mode == "explore" and u[1] == draws[1]
+
+
 class CountingPolicy:
     robot = "pendubot"
 
