@@ -7,6 +7,8 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
 - disarmed (publishes nothing) until ``~/enable`` (std_srvs/SetBool) arms it; ``arm_on_start`` arms at start
   (simulation); disarming publishes one zero command so the driver stops at once;
 - watchdog: no valid state for ``watchdog_timeout`` s -> one zero command, diagnostics ERROR, supervisor reset;
+- a state marked ``frame_id: reset`` (inside a reset/disturbance window, or the state it hands over) resets the
+  supervisor before its step: after a window the controller starts afresh, as the offline learner's does;
   it recovers (fresh time base, LQR/policy state forgotten) on the next valid state;
 - bad states (names other than exactly shoulder/elbow, wrong lengths, NaN/inf, stamp going backwards) are
   counted, warned about (throttled) and never stepped, so they never reach the motors;
@@ -45,6 +47,7 @@ from mcpilco_core.control import Supervisor, build_controller
 from mcpilco_core.control.exploration import ExplorationController, exploration_command, trial_rng
 from mcpilco_core.paths import policies_dir
 from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
+from mcpilco_core.simulation import RESET_FRAME
 
 from ._messages import CONTROL_QOS, command_message, stamp_ns, state_from_message
 from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, RingStats, run_node
@@ -294,6 +297,11 @@ class ControllerNode(ConfiguredNode):
             self._base_ns = ns
         t = (ns - self._base_ns) * 1e-9
         start = time.perf_counter()
+        if msg.header.frame_id == RESET_FRAME:
+            # a reset/disturbance window (the driver runs it and ignores our answer) or the state it hands over:
+            # the supervisor starts afresh there, as the offline learner's controller does after a window; what it
+            # did during the window (an LQR try, a policy tick) must not shift its clocks after it
+            self.supervisor.reset()
         u = self.supervisor.step(x, t)
         mode = self.supervisor.mode
         if self._explorer is not None:    # damping and safe override exploration (exploration_command)

@@ -76,6 +76,30 @@ def test_disarmed_until_enabled_then_answers_every_state_with_its_stamp():
         assert len(peer.received) == count
 
 
+def test_a_reset_marked_state_starts_the_supervisor_afresh():
+    """Inside a disturbance window (frame_id "reset") the driver ignores the answers, and the controller must not
+    carry what it did there past the window: each marked state resets the supervisor, so the state the window
+    hands over gets a fresh policy evaluation (as offline, where the controller is not called in the window)."""
+    from mcpilco_core.simulation import RESET_FRAME
+
+    with rig() as r:
+        controller, peer = connected(r)
+        policy = random_policy(3)
+        controller.supervisor.set_policy(policy)
+        enable = peer.create_client(SetBool, "/controller_node/enable")
+        assert r.call(enable, SetBool.Request(data=True)).success
+        low = [(0.3, -0.2), (0.25, -0.1), (0.2, 0.0)]            # far from the top: the policy's region
+        for k, q in enumerate(low):                                # 2 ms apart: the policy holds its first output
+            msg = joint_state(q, stamp_ns=k * 2_000_000)
+            if k == 2:
+                msg.header.frame_id = RESET_FRAME
+            peer.pub.publish(msg)
+            wait_for(lambda n=k + 1: len(answers(peer)) == n, what=f"answer {k}")
+        efforts = [m.effort[0] for m in answers(peer)]
+        assert efforts[1] == efforts[0] == float(policy(np.array([*low[0], 0.0, 0.0])))   # held (zero-order hold)
+        assert efforts[2] == float(policy(np.array([*low[2], 0.0, 0.0]))) != efforts[0]   # afresh at the mark
+
+
 BAD_MESSAGES = [
     ("names", dict(names=("hip", "knee"))),
     ("names", dict(names=("shoulder",), q=(0.1,), dq=(0.0,))),
