@@ -49,7 +49,9 @@ def test_session_on_a_profile_with_a_disturbance_trial_and_a_robot_check_counts_
     # the bag: the window's intervals never reach the model; session.yaml holds the driver's answer
     config = load_robot_config(REPO / "config" / "pendubot.yaml")
     trial = load_trial(out / "session" / "trial_001", config)
-    assert list(np.flatnonzero(trial.mode == "reset")) == list(range(11)) and not trial.valid[:11].any()
+    # its 100 steps are the first 10 intervals; the state it handed over starts the 11th, which is data
+    assert list(np.flatnonzero(trial.mode == "reset")) == list(range(10)) and not trial.valid[:10].any()
+    assert trial.valid[10] and trial.mode[10] != "reset"
     info = yaml.safe_load((out / "session" / "session.yaml").read_text())
     assert "disturbance" not in info["trials"][0] and info["trials"][1]["disturbance"]["status"] == "accepted"
     # robot time: every simulated second of every trial, the window included; the evaluation apart
