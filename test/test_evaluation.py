@@ -198,13 +198,17 @@ def test_evaluate_lqr_full_protocol(repo):
     results = evaluate_seeds(ControllerSpec(str(repo / "config" / "acrobot.yaml"), "lqr"), [0, 1], jobs=2)
     assert [r.seed for r in results] == [0, 1]
     # known outcomes of the LQR + damping controller (seed 0: never caught above the line; seed 1: 433 steps of
-    # 2 ms above it); steps per mode out of 30000 and the reset windows' steps (101 or 100 each)
-    known = {0: (0, {"damping": 215, "idle": 28279, "reset": 1506}),
-             1: (433, {"lqr": 84, "damping": 786, "idle": 27625, "reset": 1505})}
+    # 2 ms above it); steps per mode out of 30000 and the reset windows' steps (101 or 100 each). The protocol is
+    # chaotic and the LQR gain comes from LAPACK: machines whose BLAS kernels solve the Riccati equation ~5e-13 apart
+    # (test_lqr_matches_reference allows 2e-12) part on seed 1's LQR tries, so it has two known outcomes
+    known = {0: [(0, {"damping": 215, "idle": 28279, "reset": 1506})],
+             1: [(433, {"lqr": 84, "damping": 786, "idle": 27625, "reset": 1505}),
+                 (460, {"lqr": 95, "damping": 773, "idle": 27627, "reset": 1505})]}
     for r in results:
-        up_steps, modes = known[r.seed]
-        assert r.score == pytest.approx(up_steps * DT / 60.0, abs=1e-12) and r.passive_max_torque == 0.0
-        assert {m: round(f * 30000) for m, f in r.mode_fractions.items()} == modes
+        outcome = (round(r.score * 60.0 / DT), {m: round(f * 30000) for m, f in r.mode_fractions.items()})
+        assert outcome in known[r.seed] and r.passive_max_torque == 0.0
+        assert r.score == pytest.approx(outcome[0] * DT / 60.0, abs=1e-12)
+        modes = outcome[1]
         assert len(r.windows) == 15 and sum(round((b - a) / DT) for a, b in r.windows) == modes["reset"]
     # the same controller on pendubot, and no controller at all: the protocol's own swings score too
     lqr = evaluate_seeds(ControllerSpec(str(repo / "config" / "pendubot.yaml"), "lqr"), [0, 1])
@@ -224,8 +228,9 @@ def test_cli_evaluate_writes_json_and_plot(tmp_path, capsys):
     assert [s["seed"] for s in data["seeds"]] == [0, 1]
     for entry in data["seeds"]:
         assert {"score", "uptime", "passive_max_torque"} <= set(entry) and entry["passive_max_torque"] == 0.0
-    # acrobot LQR's known scores (test_evaluate_lqr_full_protocol): 0 and 433 steps of 2 ms above the line
-    assert [entry["score"] for entry in data["seeds"]] == pytest.approx([0.0, 433 * DT / 60.0], abs=1e-12)
+    # acrobot LQR's known scores (test_evaluate_lqr_full_protocol): 0 and 433 (or 460) steps of 2 ms above the line
+    scores = [entry["score"] for entry in data["seeds"]]
+    assert any(scores == pytest.approx([0.0, steps * DT / 60.0], abs=1e-12) for steps in (433, 460))
     assert out_png.stat().st_size > 10_000 and out_png.read_bytes()[:4] == b"\x89PNG"
 
 
