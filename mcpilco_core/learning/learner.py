@@ -42,6 +42,7 @@ from ..control.exploration import ExplorationController, SupervisedExploration, 
 from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
+from .compile import fresh_compilation
 from .cost import CostSettings, saturated_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
@@ -721,6 +722,8 @@ class Learner:
         (numpy policy, OptimizationResult, timings in s, the trial's numpy generator, initial distribution).
         """
         cfg = self.config
+        if cfg.rollout == "compiled":
+            fresh_compilation()          # each trial compiles as a retrain's fresh process does (compile.py)
         rng, gen = trial_generators(cfg.seed, k)
         timings: dict[str, float] = {}
         start = time.perf_counter()
