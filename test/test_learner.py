@@ -642,6 +642,33 @@ def test_compiled_rollout_falls_back_to_eager_when_compilation_fails(monkeypatch
     torch.testing.assert_close(compiled, rollout(model, policy, x0, 5, torch.Generator().manual_seed(8)))
 
 
+def test_fresh_compilation_gives_a_failed_kernel_its_compiled_version_back(monkeypatch):
+    """A kernel that fell back to eager (e.g. torch.compile's recompile limit in a long offline run) compiles again
+    after fresh_compilation, as in a new process; a kernel never asked to compile stays eager."""
+    from mcpilco_core.learning import compile as compile_module
+
+    calls = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            def failing(*args):
+                raise RuntimeError("recompile limit")
+            return failing
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("reset"))
+    kernel = compile_module.MaybeCompiled(lambda x: x + 1, compiled=True)
+    eager = compile_module.MaybeCompiled(lambda x: x - 1, compiled=False)
+    assert kernel(1) == 2 and not kernel.active            # the first compiled version failed: eager from then on
+    assert kernel(2) == 3 and len(calls) == 1
+    compile_module.fresh_compilation()
+    assert kernel.active and kernel.compiled is None and "reset" in calls
+    assert kernel(3) == 4 and kernel.active and len([c for c in calls if c != "reset"]) == 2   # compiled anew
+    assert eager(3) == 2 and not eager.active
+
+
 def test_policy_rollout_function_equals_forward_features_with_gradients():
     policy = TorchPolicy.random(12, 3.0, torch.Generator().manual_seed(4), dtype=torch.float64)
     policy.set_dropout(0.25, torch.Generator().manual_seed(5))
