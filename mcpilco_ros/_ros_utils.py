@@ -196,7 +196,8 @@ def robot_config_from_parameters(values: Mapping[str, Any]) -> RobotConfig:
     """Validate the declared robot parameters into a RobotConfig (same rules as the YAML/CLI path).
 
     The config's ``source`` is ``config/<robot>.yaml`` of the package, so the ROA cache beside it is shared
-    with the CLI (the cache is keyed by the configuration's fingerprint, so different values never collide).
+    with the CLI when the values are that file's; other values keep their estimate in the user cache, keyed by
+    fingerprint (``control.roa``), and never overwrite the file's.
     """
     base = config_dir()
     return validated(robot_config_from_mapping, nest(values), base / f"{values.get('robot')}.yaml", base)

@@ -209,6 +209,10 @@ def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeyp
     assert region_of_attraction(switching, plant, design).rho == 0.123  # the fractions do not change rho
     changed = dataclasses.replace(config, torque_limit=5.0)
     assert region_of_attraction(changed, plant, design).rho != 0.123  # different fingerprint: recomputed
+    # ... into the user cache: the file beside the config keeps its own estimate (no eviction, no thrash)
+    assert json.loads(cache.read_text())["estimate"]["rho"] == 0.123
+    assert len(list((tmp_path / "cache" / "mcpilco_ros" / "roa").glob("pendubot-*.json"))) == 1
+    assert region_of_attraction(config, plant, design).rho == 0.123
     fixed = dataclasses.replace(config, roa=dataclasses.replace(config.roa, rho=0.7))
     assert region_of_attraction(fixed, plant, design).rho == 0.7
 

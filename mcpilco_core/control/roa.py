@@ -135,10 +135,23 @@ def _read_cache(path: Path, key: str) -> RoaEstimate | None:
         return None
 
 
+def _holds_another(path: Path, key: str) -> bool:
+    """Whether ``path`` holds the estimate of another configuration. Many configurations share one source file
+    (a ROS node's robot parameters name ``config/<robot>.yaml``, whatever their values), so the file beside it
+    keeps the estimate it has (usually the one shipped with that file) and the others go to the user cache, which
+    is keyed by fingerprint: no configuration evicts another's estimate, and the package's files stay as shipped."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("fingerprint") not in (None, key)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _write_cache(paths: list[Path], key: str, estimate: RoaEstimate) -> Path | None:
     text = json.dumps({"fingerprint": key, "estimate": estimate.to_dict(),
                        "method": "closed-loop simulation, see mcpilco_core/control/roa.py"}, indent=2)
     for path in paths:
+        if _holds_another(path, key):
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
