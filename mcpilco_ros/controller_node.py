@@ -7,9 +7,9 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
 - disarmed (publishes nothing) until ``~/enable`` (std_srvs/SetBool) arms it; ``arm_on_start`` arms at start
   (simulation); disarming publishes one zero command so the driver stops at once;
 - watchdog: no valid state for ``watchdog_timeout`` s -> one zero command, diagnostics ERROR, supervisor reset;
+  it recovers (fresh time base, LQR/policy state forgotten) on the next valid state;
 - a state marked ``frame_id: reset`` (inside a reset/disturbance window, or the state it hands over) resets the
   supervisor before its step: after a window the controller starts afresh, as the offline learner's does;
-  it recovers (fresh time base, LQR/policy state forgotten) on the next valid state;
 - bad states (names other than exactly shoulder/elbow, wrong lengths, NaN/inf, stamp going backwards) are
   counted, warned about (throttled) and never stepped, so they never reach the motors;
 - ``~/reload_policy`` (std_srvs/Trigger) loads and validates the file the ``policy`` parameter names (or the

@@ -389,8 +389,8 @@ class SimSession:
 
     def run_trial(self, k: int, policy: Path | None, version: str) -> TrialRow:
         """Start the simulated robot, record it while the armed controller acts, stop; the trial's row."""
+        from mcpilco_core.learning.cost import trial_cost
         from mcpilco_core.learning.learner import disturbance_seed, trial_noise_seed
-        from mcpilco_core.learning.retrain import trial_cost
         from mcpilco_core.recording import SessionDirectory, load_trial
 
         ros, started = self.ros, time.perf_counter()

@@ -119,3 +119,11 @@ def trajectory_cost(trajectory: torch.Tensor, settings: CostSettings) -> torch.T
     if settings.catch_v50 > 0:
         cost = cost * torch.cumprod(1.0 - catch_probability(trajectory, settings), dim=0)
     return cost.mean(-1).sum()
+
+
+def trial_cost(trial, cost_settings) -> tuple[float, float]:
+    """(sum, mean) of the saturated cost (dimensionless, each state in [0, 1)) over a recorded trial's states at
+    the policy period. The sum is the ``robot_cost`` the learner reports for each of its simulated trials; the mean
+    compares trials of different lengths (trial 0 usually explores longer). ``trial``: a ``trials.TrialData``."""
+    cost = saturated_cost(torch.as_tensor(trial.x), cost_settings)
+    return float(cost.sum()), float(cost.mean())

@@ -43,7 +43,7 @@ from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
 from .compile import fresh_compilation
-from .cost import CostSettings, saturated_cost
+from .cost import CostSettings, trial_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
@@ -702,11 +702,11 @@ class Learner:
         damping and safe modes override them as in the node: offline and ``mcpilco session`` explore alike.
         (Before 2026-11-26 night they shared the generator of x0; before 2026-11-27 afternoon offline exploration
         was never damped.)"""
+        from ..control import build_controller
+
         cfg = self.config
         x0 = trial_start_state(cfg, 0)
         start = time.perf_counter()
-        from ..control import build_controller
-
         explorer = ExplorationController(cfg.robot, cfg.exploration_amplitude, trial_rng(cfg.seed, 0))
         # the supervisor watches as on the robot: damping and safe override exploration (the controller node's rule)
         controller = SupervisedExploration(build_controller(cfg.robot), explorer)
@@ -816,9 +816,9 @@ class Learner:
         record.trajectory = run_on_robot(cfg.robot, controller, record.x0, cfg.trial_duration, cfg.robot_profile,
                                          trial_noise_seed(cfg.seed, record.index), target)
         record.robot_time = robot_seconds(record.trajectory)
-        handed_over = self.add_trajectory(record.trajectory).handed_over_states()   # as a session's retrain reads it
-        stride = round(cfg.robot.policy_period / record.trajectory.dt)
-        record.robot_cost = float(saturated_cost(torch.as_tensor(record.trajectory.x[::stride]), cfg.cost).sum())
+        recorded = self.add_trajectory(record.trajectory)
+        handed_over = recorded.handed_over_states()               # as a session's retrain reads it
+        record.robot_cost = trial_cost(recorded, cfg.cost)[0]     # the measured states, as a session reports them
         timings["robot"] = time.perf_counter() - start
         simulated = np.zeros((0, 4))
         if s.disturbance_fraction > 0 and s.pool_seeds_per_trial:

@@ -283,19 +283,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
 
 
 # --------------------------------------------------------------------------------------------------
-# Session reports (``mcpilco session``): cost per recorded trial, learning curve
-
-
-def trial_cost(trial, cost_settings) -> tuple[float, float]:
-    """(sum, mean) of the saturated cost (dimensionless, each state in [0, 1)) over a recorded trial's states at
-    the policy period. The sum is what the learner reports as ``robot_cost`` for a simulated trial; the mean
-    compares trials of different lengths (trial 0 usually explores longer). ``trial``: a ``trials.TrialData``."""
-    import torch
-
-    from .cost import saturated_cost
-
-    cost = saturated_cost(torch.as_tensor(trial.x), cost_settings)
-    return float(cost.sum()), float(cost.mean())
+# Session reports (``mcpilco session``): learning curve (a trial's cost: cost.trial_cost)
 
 
 def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> Path:

@@ -55,13 +55,6 @@ def window_steps(reset: np.ndarray) -> np.ndarray:
     return steps
 
 
-def recording_from_arrays(t: np.ndarray, x_measured: np.ndarray, applied: np.ndarray, commanded: np.ndarray,
-                          usable: np.ndarray) -> StateRecording:
-    """A simulated trial (``data.npz`` of a run: t, x_measured, u, u_cmd and the steps outside its window)."""
-    return StateRecording(float(t[1] - t[0]), np.asarray(x_measured, float), np.asarray(applied, float),
-                          np.asarray(commanded, float), np.asarray(usable, bool))
-
-
 def recording_from_bag(state_t_ns: np.ndarray, q: np.ndarray, dq: np.ndarray, effort: np.ndarray,
                        command_t_ns: np.ndarray, command_u: np.ndarray, reset: np.ndarray) -> StateRecording | None:
     """A recorded trial's streams (recording.reader.RawTrial's arrays): ``effort[j]`` acted over the step ending at
