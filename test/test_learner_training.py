@@ -197,7 +197,10 @@ def test_cli_train_and_export(tmp_path):
     np.testing.assert_array_equal(exported(x), original(x))
 
 
-def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_persist(monkeypatch):
+def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persist_and_never_raises(monkeypatch):
+    """A divergence (escaped particles 21 steps in a row) rolls the parameters back to a checkpoint with half the
+    learning rate; when it persists, the optimisation stops as diverged with finite parameters instead of ending the
+    run (a full-size acrobot run and its session ended on that error at trial 9)."""
     import torch
 
     from mcpilco_core.learning import optimizer as opt_module
@@ -211,6 +214,7 @@ def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_per
     rng, gen = trial_generators(config.seed, 1)
     learner.model.fit(learner.data, rng)
     policy = TorchPolicy.random(config.num_basis, config.robot.u_max, gen)
+    start = [p.detach().clone() for p in policy.parameters()]
     sampler = initial_distribution(config, 1, learner.pool).sampler("cpu", torch.float32)
     real_rollout, calls = opt_module.rollout, []
 
@@ -223,16 +227,47 @@ def test_optimizer_skips_steps_with_escaped_particles_and_gives_up_when_they_per
     monkeypatch.setattr(opt_module, "rollout", flaky)
     result = opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 12, gen,
                                         progress=False)
-    assert result.skipped_steps == 4 and result.steps == 8
+    assert result.skipped_steps == 4 and result.steps == 8 and not result.rollbacks
     assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())
+
+    # escapes from the 120th call on for 21 calls: one rollback to the checkpoint of step 50, half the learning rate
+    calls.clear()
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def escaping_for_a_while(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 51:                                  # the parameters after 50 successful steps
+            seen[50] = [p.detach().clone() for p in policy.parameters()]
+        if 120 <= len(calls) < 120 + opt_module.MAX_SKIPPED_IN_A_ROW + 1:
+            raise NonFiniteParticlesError("1 non-finite particle states; first at step 3 (1 of 16 particles)")
+        if len(calls) == 120 + opt_module.MAX_SKIPPED_IN_A_ROW + 1:
+            seen[-1] = [p.detach().clone() for p in policy.parameters()]    # just after the rollback
+        return real_rollout(*args, **kwargs)
+
+    policy = TorchPolicy.random(config.num_basis, config.robot.u_max, gen)
+    monkeypatch.setattr(opt_module, "rollout", escaping_for_a_while)
+    settings = replace(config.optimizer, patience=10**6)       # no plateau: only the rollback halves
+    result = opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, settings, 160, gen,
+                                        progress=False)
+    assert [r[:2] for r in result.rollbacks] == [(119, 50)] and "in a row" in result.rollbacks[0][2]
+    for before, after in zip(seen[50], seen[-1]):
+        torch.testing.assert_close(before, after, rtol=0, atol=0)
+    assert set(result.lr[:119]) == {settings.lr} and set(result.lr[119:]) == {settings.lr * settings.lr_factor}
+    assert result.stop_reason == "step cap" and result.steps == 160 - opt_module.MAX_SKIPPED_IN_A_ROW - 1
+    assert result.to_arrays()["rollbacks"].tolist() == [[119, 50]]
 
     def broken(*args, **kwargs):
         raise NonFiniteParticlesError("escaped")
 
+    policy = TorchPolicy.random(config.num_basis, config.robot.u_max, gen)
+    start = [p.detach().clone() for p in policy.parameters()]
     monkeypatch.setattr(opt_module, "rollout", broken)
-    with pytest.raises(NonFiniteParticlesError, match="in a row"):
-        opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 50, gen,
-                                   progress=False)
+    result = opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, config.optimizer, 500, gen,
+                                        progress=False)
+    assert result.stop_reason.startswith("diverged: escaped (21 steps in a row)") and result.steps == 0
+    assert len(result.rollbacks) == opt_module.MAX_ROLLBACKS + 1
+    for before, after in zip(start, policy.parameters()):       # the starting policy, unharmed
+        torch.testing.assert_close(before, after.detach(), rtol=0, atol=0)
 
 
 def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_run(tmp_path):

@@ -629,6 +629,8 @@ class TrialRecord:
                 "kept_step": opt.kept_step if opt else None,
                 "start_scores": list(opt.start_scores) if opt else [],
                 "skipped_optimization_steps": opt.skipped_steps if opt else 0,
+                # divergences the optimiser rolled back from: [history step, checkpoint step, why] (optimizer.py)
+                "optimization_rollbacks": [list(r) for r in opt.rollbacks] if opt else [],
                 "eval_scores": self.eval_scores.tolist(),
                 "eval_score_mean": float(self.eval_scores.mean()) if self.eval_scores.size else None,
                 "robot_cost": self.robot_cost, "robot_time_s": self.robot_time,

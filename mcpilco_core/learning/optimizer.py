@@ -18,6 +18,7 @@ evaluation protocol on its own identified plant, no robot time), and the best-ju
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from .cost import CostSettings, trajectory_cost
 from .model import DynamicsModel, NonFiniteParticlesError, particle_noise, rollout
 from .parallel import ParticleProcesses, ParticleThreads
 from .torch_policy import TorchPolicy
+
+LOG = logging.getLogger(__name__)
 
 __all__ = ["OptimizationResult", "OptimizerSettings", "ParticleProcesses", "ParticleThreads", "PlateauMonitor",
            "optimize_policy"]
@@ -85,6 +88,7 @@ class OptimizationResult:
     kept_step: int | None = None
     judge_time: float = 0.0
     start_scores: list[float] = field(default_factory=list)   # starts_first > 1: each start's best snapshot score
+    rollbacks: list[tuple[int, int, str]] = field(default_factory=list)  # (step, checkpoint step it went back to, why)
 
     @property
     def steps(self) -> int:
@@ -98,6 +102,8 @@ class OptimizationResult:
             arrays["kept_step"] = np.asarray(self.kept_step if self.kept_step is not None else -1)
         if self.start_scores:
             arrays["start_scores"] = np.asarray(self.start_scores, dtype=np.float64)
+        if self.rollbacks:
+            arrays["rollbacks"] = np.asarray([r[:2] for r in self.rollbacks], dtype=np.int64).reshape(-1, 2)
         return arrays
 
     @property
@@ -164,7 +170,30 @@ class PlateauMonitor:
         return False
 
 
-MAX_SKIPPED_IN_A_ROW = 20  # consecutive steps with escaped particles or non-finite gradients before giving up
+MAX_SKIPPED_IN_A_ROW = 20  # consecutive steps with escaped particles or non-finite gradients before a rollback
+CHECKPOINT_EVERY = 50      # successful steps between the parameter checkpoints a rollback returns to
+MAX_ROLLBACKS = 3          # rollbacks before the optimisation stops as diverged
+
+
+class Checkpoints:
+    """The parameters at step 0 and every ``CHECKPOINT_EVERY`` successful steps, the last two kept: a rollback
+    returns to the older one, taken ``CHECKPOINT_EVERY`` to 2 x ``CHECKPOINT_EVERY`` steps before the divergence
+    was seen (the newer one may already lie on the way out)."""
+
+    def __init__(self, policy: TorchPolicy) -> None:
+        self.policy = policy
+        self.kept: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.take(0)
+
+    def take(self, step: int) -> None:
+        self.kept = (self.kept + [(step, {k: v.detach().clone() for k, v in self.policy.state_dict().items()})])[-2:]
+
+    def roll_back(self) -> int:
+        """Load the older checkpoint's parameters; it becomes the only one. Returns its step."""
+        step, state = self.kept[0]
+        self.policy.load_state_dict(state)
+        self.kept = self.kept[:1]
+        return step
 
 
 def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
@@ -180,7 +209,8 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
     ``particle_threads`` > 1 splits each step's particles between that many threads (:class:`ParticleThreads`),
     or with ``particle_processes`` between this thread and worker processes (:class:`ParticleProcesses`); the
     random draws (initial states, noise) are the same as with one thread. With ``settings.snapshot_every`` > 0 and
-    a ``judge``, the policy ends with the best-judged snapshot's parameters (module docstring).
+    a ``judge``, the policy ends with the best-judged snapshot's parameters (module docstring). A divergence rolls
+    back and, when it persists, stops with ``stop_reason`` "diverged ..." (module docstring); it never raises.
     """
     opt = torch.optim.Adam(policy.parameters(), lr=settings.lr)
     monitor = PlateauMonitor(settings.smoothing, settings.ratio_threshold, settings.patience)
@@ -195,6 +225,7 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
     best = BestSnapshot(policy, judge, result) if judge is not None and settings.snapshot_every > 0 else None
     if best is not None and settings.snapshot_start:
         best.consider(0)
+    checkpoints = Checkpoints(policy)
     bar = tqdm(total=max_steps, desc=description, disable=not progress, leave=False, unit="step")
     try:
         for step in range(max_steps):
@@ -210,18 +241,31 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                 else:
                     value = threads.cost_and_gradients(model, policy, x0, noise, steps_horizon, cost)
             except NonFiniteParticlesError as exc:
-                # A particle escaped (explicit-Euler prior at very high speed): skip this step's update,
-                # never propagate; give up when it keeps happening.
-                result.skipped_steps += 1
-                skipped_in_a_row += 1
-                if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
-                    raise NonFiniteParticlesError(f"{exc} ({skipped_in_a_row} steps in a row)") from exc
-                continue
-            if not all(bool(torch.isfinite(p.grad).all()) for p in policy.parameters() if p.grad is not None):
+                # A particle escaped (explicit-Euler prior at very high speed): skip this step's update, never
+                # propagate; roll back when it keeps happening (module docstring).
+                failure = str(exc)
+            else:
+                failure = None if all(bool(torch.isfinite(p.grad).all()) for p in policy.parameters()
+                                      if p.grad is not None) else "non-finite policy gradient"
+            if failure is not None:
                 result.skipped_steps += 1       # a non-finite gradient would make the parameters NaN
                 skipped_in_a_row += 1
-                if skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
-                    raise NonFiniteParticlesError(f"non-finite policy gradient ({skipped_in_a_row} steps in a row)")
+                if skipped_in_a_row <= MAX_SKIPPED_IN_A_ROW:
+                    continue
+                why = f"{failure} ({skipped_in_a_row} steps in a row)"
+                back_to = checkpoints.roll_back()
+                result.rollbacks.append((result.steps, back_to, why))
+                if len(result.rollbacks) > MAX_ROLLBACKS:
+                    result.stop_reason = (f"diverged: {why}; {MAX_ROLLBACKS} rollbacks, kept the parameters of "
+                                          f"step {back_to}")
+                    LOG.warning("%s: optimisation %s", description, result.stop_reason)
+                    break
+                lr = max(lr * settings.lr_factor, settings.lr_min)
+                opt = torch.optim.Adam(policy.parameters(), lr=lr)     # fresh moments: the old ones led out
+                monitor.reset()
+                skipped_in_a_row = 0
+                LOG.warning("%s: %s at step %d; rolled back to step %d, learning rate %.4g", description, why,
+                            result.steps, back_to, lr)
                 continue
             skipped_in_a_row = 0
             opt.step()
@@ -232,6 +276,8 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
             result.ratio.append(monitor.ratio)
             bar.update(1)
             bar.set_postfix(cost=f"{value:.2f}", lr=f"{lr:.4g}")
+            if result.steps % CHECKPOINT_EVERY == 0:
+                checkpoints.take(result.steps)
             if best is not None and result.steps % settings.snapshot_every == 0:
                 best.consider(result.steps)
             if plateau and step + 1 >= settings.min_steps:
