@@ -248,3 +248,33 @@ def test_retrain_identifies_the_robot_from_the_bags_and_records_it(tmp_path, pen
     assert "identified robot" in (out / "log.txt").read_text()
     with np.load(out / "models" / "model_000.npz") as arrays:
         assert arrays["robot_sensors_motors"][0] == 2
+
+
+def test_a_diverging_retrain_still_exports_the_warm_start_policy_and_says_so(tmp_path, pendubot_config, tiny_config,
+                                                                             capsys, monkeypatch):
+    """The particles escape at every step of the second retrain (what ended a full-size acrobot session at trial 9):
+    it rolls back, stops as diverged and exports the policy it started from, so a session goes on."""
+    from mcpilco_core.learning import optimizer
+    from mcpilco_core.learning.model import NonFiniteParticlesError
+
+    session = simulated_session(tmp_path / "s", pendubot_config)
+    out = tmp_path / "run"
+    args = ["retrain", "--sessions", str(session.root), "--out", str(out), "--config", str(tiny_config), "--json"]
+    assert retrain_main(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    def escaped(*args, **kwargs):
+        raise NonFiniteParticlesError("3 non-finite particle states; first at step 2 (1 of 8 particles)")
+
+    monkeypatch.setattr(optimizer, "rollout", escaped)
+    data = yaml.safe_load(tiny_config.read_text())
+    data["optimizer"].update(max_steps=200)            # room for the rollbacks
+    tiny_config.write_text(yaml.safe_dump(data))
+    assert retrain_main(args + ["--warm-start"]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["stop_reason"].startswith("diverged") and len(second["optimization_rollbacks"]) == 4
+    started, exported = load_policy(first["policy"], robot="pendubot"), load_policy(second["policy"], robot="pendubot")
+    x = np.random.default_rng(0).normal(size=(20, 4))
+    np.testing.assert_array_equal(exported(x), started(x))
+    assert json.loads((out / "retrain.json").read_text())["retrains"][1]["stop_reason"] == second["stop_reason"]
+    assert "rolled back 4 time(s)" in (out / "log.txt").read_text()

@@ -57,6 +57,8 @@ class RetrainResult:
     kept_step: int | None = None                                        # the snapshot exported (None: the last)
     start_scores: list[float] = field(default_factory=list)             # optimizer.starts_first > 1: each start's
     identified_robot: dict | None = None        # gp.identify_robot: IdentifiedRobot.to_dict() (also in the model)
+    stop_reason: str = ""                       # why the optimisation stopped ("diverged ..." keeps a checkpoint)
+    rollbacks: list[list] = field(default_factory=list)   # [history step, checkpoint step, why] (optimizer.py)
 
     def to_dict(self) -> dict:
         return {"index": self.index, "policy": str(self.policy_path), "policy_version": self.policy_version,
@@ -64,7 +66,8 @@ class RetrainResult:
                 "notes": self.notes,
                 "timings_s": self.timings, "final_model_cost": self.final_cost,
                 "snapshots": [list(s) for s in self.snapshots], "kept_step": self.kept_step,
-                "start_scores": self.start_scores, "identified_robot": self.identified_robot}
+                "start_scores": self.start_scores, "identified_robot": self.identified_robot,
+                "stop_reason": self.stop_reason, "optimization_rollbacks": self.rollbacks}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,7 +273,8 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
     result = RetrainResult(index, path, new_policy.version(), len(loaded.trials), len(data), skipped, timings,
                            opt.cost[-1] if opt.cost else None, notes, list(opt.snapshots), opt.kept_step,
                            list(opt.start_scores),
-                           learner.model.robot.to_dict() if learner.model.robot is not None else None)
+                           learner.model.robot.to_dict() if learner.model.robot is not None else None,
+                           opt.stop_reason, [list(r) for r in opt.rollbacks])
     run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
                                             "warm_start_model": str(model_file or ""),
                                             "warm_start_policy": str(policy_file or ""),
@@ -279,6 +283,9 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
             f"(version {result.policy_version}); " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     if learner.model.robot is not None:
         run.log(f"retrain {index}: identified robot {learner.model.robot.summary()}")
+    if opt.rollbacks:
+        run.log(f"retrain {index}: the optimisation rolled back {len(opt.rollbacks)} time(s); it stopped: "
+                f"{opt.stop_reason}")
     return result
 
 
