@@ -204,7 +204,7 @@ def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persi
     import torch
 
     from mcpilco_core.learning import optimizer as opt_module
-    from mcpilco_core.learning.learner import initial_distribution, trial_generators
+    from mcpilco_core.learning.learner import TrialRecord, initial_distribution, trial_generators
     from mcpilco_core.learning.model import NonFiniteParticlesError
     from mcpilco_core.learning.torch_policy import TorchPolicy
 
@@ -255,7 +255,6 @@ def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persi
     assert set(result.lr[:119]) == {settings.lr} and set(result.lr[119:]) == {settings.lr * settings.lr_factor}
     assert result.stop_reason == "step cap" and result.steps == 160 - opt_module.MAX_SKIPPED_IN_A_ROW - 1
     assert result.to_arrays()["rollbacks"].tolist() == [[119, 50]]
-    from mcpilco_core.learning.learner import TrialRecord           # run.json's trial entry lists it
     summary = TrialRecord(1, None, np.zeros(4), optimization=result).summary()
     assert [r[:2] for r in summary["optimization_rollbacks"]] == [[119, 50]]
 
