@@ -206,6 +206,7 @@ def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persi
     from mcpilco_core.learning import optimizer as opt_module
     from mcpilco_core.learning.learner import TrialRecord, initial_distribution, trial_generators
     from mcpilco_core.learning.model import NonFiniteParticlesError
+    from mcpilco_core.learning.runs import _describe
     from mcpilco_core.learning.torch_policy import TorchPolicy
 
     config = load_train_config(TINY, "pendubot")
@@ -270,6 +271,7 @@ def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persi
     assert len(result.rollbacks) == opt_module.MAX_ROLLBACKS + 1
     for before, after in zip(start, policy.parameters()):       # the starting policy, unharmed
         torch.testing.assert_close(before, after.detach(), rtol=0, atol=0)
+    assert "0 steps (diverged: escaped" in _describe(TrialRecord(5, None, np.zeros(4), optimization=result))
 
 
 def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_run(tmp_path):

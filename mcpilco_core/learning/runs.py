@@ -376,6 +376,8 @@ def _describe(record: TrialRecord) -> str:
     parts = [f"trial {record.index} complete"]
     if s["optimization_steps"]:
         parts.append(f"{s['optimization_steps']} steps ({s['stop_reason']}), model cost {s['final_model_cost']:.3f}")
+    elif s["stop_reason"]:                     # no step taken: a diverged optimisation kept its starting policy
+        parts.append(f"0 steps ({s['stop_reason']})")
     parts.append(f"robot cost {record.robot_cost:.3f}, robot time {record.robot_time:.1f} s")
     if s["eval_score_mean"] is not None:
         parts.append(f"score {s['eval_score_mean']:.3f}")
