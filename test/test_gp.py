@@ -106,3 +106,30 @@ def test_subset_of_data_skips_redundant_samples_and_respects_cap():
     (capped,) = select_subset(x, hyper, max_points=25, threshold=0.5)
     assert len(capped) == 25
     assert capped.max() == len(x) - 1  # newest first
+
+
+def test_the_lengthscale_floor_lifts_a_spike_kernel_whose_float32_predictions_overflow():
+    """The proxy acrobot's GP shrank the lengthscale of cos q1 to 9e-6 (docs/learner.md): in float32 its
+    predictions near the data overflow to inf. ``lengthscale_floor`` keeps every lengthscale at or above that
+    fraction of its input's std, from a warm start below it too, and the predictions stay finite."""
+    rng = np.random.default_rng(0)
+    x = np.c_[rng.uniform(-10, 10, 200), np.cos(rng.uniform(-0.5, 0.5, 200))]        # like dq1, cos q1
+    y = 0.1 * rng.normal(size=(200, 1))
+    x_test = torch.tensor(np.c_[rng.uniform(-10, 10, 2000), np.cos(rng.uniform(-0.5, 0.5, 2000))],
+                          dtype=torch.float32)
+    spike = _hyper([[0.0063, 8.8e-6]], [0.012], [0.0002])
+
+    def finite_predictions(hyper) -> bool:
+        post = build_posterior(hyper, x, y, select_subset(x, hyper, 150, 0.5), "cpu", torch.float32)
+        mean, var = post.predict_reference(x_test)
+        return bool(torch.isfinite(mean).all() and torch.isfinite(var).all())
+
+    assert not finite_predictions(spike)                      # the failure the floor exists for
+    unchanged, _ = fit_hyperparameters(spike, x, y, steps=0, lr=0.01)
+    np.testing.assert_array_equal(unchanged.raw_lengthscales.numpy(), spike.raw_lengthscales.numpy())
+    floor = 0.05 * x.std(axis=0)
+    lifted, _ = fit_hyperparameters(spike, x, y, steps=0, lr=0.01, lengthscale_floor=0.05)
+    np.testing.assert_allclose(lifted.lengthscales().numpy()[0], np.maximum([0.0063, 8.8e-6], floor), rtol=1e-12)
+    fitted, history = fit_hyperparameters(spike, x, y, steps=60, lr=0.05, lengthscale_floor=0.05)
+    assert np.all(fitted.lengthscales().numpy() >= floor * (1 - 1e-12)) and np.isfinite(history).all()
+    assert finite_predictions(fitted)

@@ -51,6 +51,12 @@ class GPSettings:
     part a of each period between measured states, so a transition depends on a command that (x, u) does not hold.
     The fit identifies a with friction and Ir; the prior and the GP then see the effective torque u + a (u_prev - u),
     and the particles carry their previous command (model.py).
+    lengthscale_floor: each lengthscale stays at or above this fraction of its input's standard deviation over the
+    fit points (0 = no floor, as before 2026-11-27 evening). Why: with a small residual (signal 0.012 against noise
+    0.0002 (rad/s)^2) the marginal likelihood shrinks a lengthscale trial after trial (warm-started) until the GP is
+    a set of spikes, here 9e-6 for cos q1 on the proxy acrobot; its scaled inputs reach 1e5, and the float32
+    rollout's expanded squared distance cancels catastrophically, so exp overflows and particles escape
+    (docs/learner.md, "A diverging optimisation rolls back"; ``benchmarks/bench_escapes.py``).
     """
 
     fit_steps: int = 1500
@@ -64,6 +70,7 @@ class GPSettings:
     identify: bool = False     # fit the prior's friction and rotor inertia to the data before each GP fit
     identify_robot: bool = False   # identify friction, Ir, delay, lag and noise at the state rate (protocol sims)
     delay_aware: bool = False      # with identify: fit the command delay too; prior and GP see u + a (u_prev - u)
+    lengthscale_floor: float = 0.0  # x each input's std over the fit points; 0 = none
 
 
 def _inv_softplus(value: np.ndarray) -> np.ndarray:
@@ -148,9 +155,19 @@ def negative_log_marginal_likelihood(hyper: GPHyperparameters, inputs: torch.Ten
 
 
 def fit_hyperparameters(hyper: GPHyperparameters, inputs: np.ndarray, targets: np.ndarray, steps: int,
-                        lr: float, progress: bool = False) -> tuple[GPHyperparameters, list[float]]:
-    """Adam on the marginal likelihood (float64); returns the fitted copy and the loss history."""
+                        lr: float, progress: bool = False,
+                        lengthscale_floor: float = 0.0) -> tuple[GPHyperparameters, list[float]]:
+    """Adam on the marginal likelihood (float64); returns the fitted copy and the loss history.
+
+    ``lengthscale_floor`` > 0: every lengthscale is kept at or above that fraction of its input's standard
+    deviation over ``inputs`` (projected after each step; a warm start below it starts at it). See GPSettings."""
     fitted = hyper.detached()
+    floor = None
+    if lengthscale_floor > 0:
+        spread = np.maximum(np.asarray(inputs, dtype=np.float64).std(axis=0), 1e-12)
+        floor = torch.as_tensor(np.log(lengthscale_floor * spread), dtype=torch.float64)
+        with torch.no_grad():
+            fitted.raw_lengthscales.clamp_(min=floor)
     for p in fitted.parameters():
         p.requires_grad_(True)
     x = torch.as_tensor(inputs, dtype=torch.float64)
@@ -162,6 +179,9 @@ def fit_hyperparameters(hyper: GPHyperparameters, inputs: np.ndarray, targets: n
         loss = negative_log_marginal_likelihood(fitted, x, y)
         loss.backward()
         optimizer.step()
+        if floor is not None:
+            with torch.no_grad():
+                fitted.raw_lengthscales.clamp_(min=floor)
         history.append(float(loss.detach()))
     return fitted.detached(), history
 

@@ -343,7 +343,8 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
                       warm_start=r.boolean("warm_start", d.warm_start),
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS),
                       identify=identify, delay_aware=delay_aware,
-                      identify_robot=r.boolean("identify_robot", d.identify_robot))
+                      identify_robot=r.boolean("identify_robot", d.identify_robot),
+                      lengthscale_floor=r.number("lengthscale_floor", d.lengthscale_floor, nonnegative=True))
 
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:

@@ -177,7 +177,8 @@ class DynamicsModel:
         if len(fit_idx) > self.settings.fit_points:
             fit_idx = np.sort(rng.choice(len(inputs), self.settings.fit_points, replace=False))
         self.hyper, self.fit_history = fit_hyperparameters(self.hyper, inputs[fit_idx], targets[fit_idx],
-                                                           self.settings.fit_steps, self.settings.fit_lr)
+                                                           self.settings.fit_steps, self.settings.fit_lr,
+                                                           lengthscale_floor=self.settings.lengthscale_floor)
         self.subsets = select_subset(inputs, self.hyper, self.settings.max_points, self.settings.sod_threshold)
         self._inputs, self._targets = inputs, targets
         self.posterior = build_posterior(self.hyper, inputs, targets, self.subsets, device, dtype)
