@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.learning.learner import initial_distribution  # noqa: E402
-from mcpilco_core.learning.model import DynamicsModel, effective_torque  # noqa: E402
+from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
 from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
 from mcpilco_core.learning.selection import run_pool  # noqa: E402
 from mcpilco_core.learning.torch_policy import TorchPolicy  # noqa: E402
@@ -36,13 +36,7 @@ def first_escape(model: DynamicsModel, policy: TorchPolicy, x: torch.Tensor, ste
     """The first non-finite transition of one rollout from the particles ``x`` (P, 4), described; None if none."""
     previous = None
     for t in range(steps):
-        q, dq = x[:, :2], x[:, 2:]
-        c, s = torch.cos(q), torch.sin(q)
-        phi = torch.cat([dq, c, s], -1)
-        u = policy.forward_features(phi)
-        u_eff = effective_torque(u, previous, model.prior_constants.delay)
-        mean, var = model.posterior.predict_reference(torch.cat([phi, u_eff.unsqueeze(-1)], -1))
-        prior = model._prior_reference(q, dq, c, s, u_eff)
+        u, u_eff, prior, mean, var = model.transition_parts(x, policy, previous)
         delta = prior + mean + torch.sqrt(var) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
         bad = ~torch.isfinite(delta).all(-1)
         if bool(bad.any()):
@@ -52,7 +46,7 @@ def first_escape(model: DynamicsModel, policy: TorchPolicy, x: torch.Tensor, ste
                      for j in range(2) if not bool(torch.isfinite(part[p, j]))]
             return (f"step {t}, particle {p} of {x.shape[0]}: state {np.round(x[p].numpy(), 2).tolist()} "
                     f"(rad, rad/s), torque {float(u_eff[p]):.2f} N m; non-finite: {', '.join(parts)}")
-        x = x + torch.cat([model.period * (dq + 0.5 * delta), delta], -1)
+        x = x + torch.cat([model.period * (x[:, 2:] + 0.5 * delta), delta], -1)
         previous = u
     return None
 

@@ -255,6 +255,16 @@ class DynamicsModel:
                    previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`step` after the command ``previous`` (P,) N m (None: none; it matters with ``gp.delay_aware``).
         Returns the next states (P, 4) and the policy's torque u (P,), the next step's previous command."""
+        u, _, prior, mean, var = self.transition_parts(x, policy, previous)
+        delta = prior + mean
+        if noise is not None:
+            delta = delta + torch.sqrt(var) * noise
+        return x + torch.cat([self.period * (x[:, 2:] + 0.5 * delta), delta], -1), u
+
+    def transition_parts(self, x: torch.Tensor, policy, previous: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The parts of :meth:`step_after`'s transition from x (P, 4): the policy's torque u (P,), the effective
+        torque (P,) N m, the prior's Delta dq (P, 2) and the GP's mean and variance (P, 2) (rad/s, (rad/s)^2).
+        Apart so that a diagnosis can say which part went non-finite (``benchmarks/bench_escapes.py``)."""
         if self.posterior is None:
             raise RuntimeError("the model has not been fitted")
         q, dq = x[:, :2], x[:, 2:]
@@ -263,10 +273,7 @@ class DynamicsModel:
         u = policy.forward_features(phi)
         u_eff = effective_torque(u, previous, self.prior_constants.delay)
         mean, var = self.posterior.predict_reference(torch.cat([phi, u_eff.unsqueeze(-1)], -1))
-        delta = self._prior_reference(q, dq, c, s, u_eff) + mean
-        if noise is not None:
-            delta = delta + torch.sqrt(var) * noise
-        return x + torch.cat([self.period * (dq + 0.5 * delta), delta], -1), u
+        return u, u_eff, self._prior_reference(q, dq, c, s, u_eff), mean, var
 
 
 ROLLOUT_MODES = ("fused", "compiled", "reference")
