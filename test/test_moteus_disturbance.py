@@ -99,8 +99,12 @@ def test_window_torques_both_motors_within_its_limit_then_the_passive_motor_gets
     assert all(f.writes == [] for f in list(rig.motor(passive).frames)[-20:])   # queries only since
     ok, _ = rig.driver.request_disturbance()                                       # a second window may follow
     assert ok
-    wait_for(lambda: windows[-1]["outcome"] == "completed", timeout=10)
+    wait_for(lambda: windows[-1]["outcome"] not in ("armed", "running"), timeout=10)
+    # it starts from wherever the controller's 0.5 N m swung the pendulum (timing): it completes, or the supervisor's
+    # damping ends it when the swing is already fast (seen once in a full run, 2026-11-27 evening)
+    assert windows[-1]["outcome"] == "completed" or windows[-1]["outcome"].startswith("aborted: damping"), windows[-1]
     assert len(windows) == 2 and windows[1]["target"] != windows[0]["target"]
+    wait_for(lambda: not rig.driver.disturbance.release_pending and rig.motor(passive).mode == 0)
 
 
 def test_a_fault_in_the_window_stops_both_motors_and_ends_it(started_rig):
