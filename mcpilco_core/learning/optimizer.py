@@ -112,6 +112,11 @@ class OptimizationResult:
         return max((score for _, score in self.snapshots), default=-math.inf)
 
 
+def parameters_copy(policy: TorchPolicy) -> dict[str, torch.Tensor]:
+    """A detached copy of the policy's state (for :meth:`TorchPolicy.load_state_dict` later)."""
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
 class BestSnapshot:
     """The best-judged parameters met so far (:func:`optimize_policy`); ``judge`` maps the policy to a score
     (higher is better) and is called with dropout off."""
@@ -127,7 +132,7 @@ class BestSnapshot:
             score = float(self.judge(self.policy))
         if score > self.result.kept_score:      # ties keep the earlier snapshot
             self.result.kept_step = step
-            self.state = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+            self.state = parameters_copy(self.policy)
         self.result.snapshots.append((step, score))
         self.result.judge_time += time.perf_counter() - start
 
@@ -186,7 +191,7 @@ class Checkpoints:
         self.take(0)
 
     def take(self, step: int) -> None:
-        self.kept = (self.kept + [(step, {k: v.detach().clone() for k, v in self.policy.state_dict().items()})])[-2:]
+        self.kept = (self.kept + [(step, parameters_copy(self.policy))])[-2:]
 
     def roll_back(self) -> int:
         """Load the older checkpoint's parameters; it becomes the only one. Returns its step."""
@@ -241,8 +246,8 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                 else:
                     value = threads.cost_and_gradients(model, policy, x0, noise, steps_horizon, cost)
             except NonFiniteParticlesError as exc:
-                # A particle escaped (explicit-Euler prior at very high speed): skip this step's update, never
-                # propagate; roll back when it keeps happening (module docstring).
+                # A particle escaped (seen: a spike GP lengthscale overflowing the float32 kernel, docs/learner.md):
+                # skip this step's update, never propagate; roll back when it keeps happening (module docstring).
                 failure = str(exc)
             else:
                 failure = None if all(bool(torch.isfinite(p.grad).all()) for p in policy.parameters()
