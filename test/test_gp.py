@@ -108,10 +108,12 @@ def test_subset_of_data_skips_redundant_samples_and_respects_cap():
     assert capped.max() == len(x) - 1  # newest first
 
 
-def test_the_lengthscale_floor_lifts_a_spike_kernel_whose_float32_predictions_overflow():
-    """The proxy acrobot's GP shrank the lengthscale of cos q1 to 9e-6 (docs/learner.md): in float32 its
-    predictions near the data overflow to inf. ``lengthscale_floor`` keeps every lengthscale at or above that
-    fraction of its input's std, from a warm start below it too, and the predictions stay finite."""
+def test_a_spike_kernel_stays_bounded_in_float32_and_the_lengthscale_floor_lifts_it():
+    """The proxy acrobot's GP shrank the lengthscale of cos q1 to 9e-6 (docs/learner.md). Its scaled inputs reach
+    1e5, and the expanded squared distance of the float32 kernel cancels: the exponent came out positive and the
+    predictions overflowed to inf. The exponent is now clamped at 0 (k <= sf2, as it is exactly), so the float32
+    predictions, reference and fused alike, stay within the bounds k in [0, sf2] gives. ``lengthscale_floor``
+    keeps every lengthscale at or above a fraction of its input's std, from a warm start below it too."""
     rng = np.random.default_rng(0)
     x = np.c_[rng.uniform(-10, 10, 200), np.cos(rng.uniform(-0.5, 0.5, 200))]        # like dq1, cos q1
     y = 0.1 * rng.normal(size=(200, 1))
@@ -119,12 +121,20 @@ def test_the_lengthscale_floor_lifts_a_spike_kernel_whose_float32_predictions_ov
                           dtype=torch.float32)
     spike = _hyper([[0.0063, 8.8e-6]], [0.012], [0.0002])
 
-    def finite_predictions(hyper) -> bool:
+    def bounded_predictions(hyper) -> bool:
         post = build_posterior(hyper, x, y, select_subset(x, hyper, 150, 0.5), "cpu", torch.float32)
-        mean, var = post.predict_reference(x_test)
-        return bool(torch.isfinite(mean).all() and torch.isfinite(var).all())
+        mean_bound = float(post.packed[0, :, post.size].abs().sum()) * (1 + 1e-5)     # sum |sf2 alpha|
+        sf2, s2 = float(post.signal[0]), float(post.noise[0])
+        for mean, var in (post.predict_reference(x_test), post.predict(x_test)):
+            if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+                return False
+            if float(mean.abs().max()) > mean_bound or not (var >= s2 * (1 - 1e-5)).all():
+                return False
+            if not (var <= (sf2 + s2) * (1 + 1e-5)).all():
+                return False
+        return True
 
-    assert not finite_predictions(spike)                      # the failure the floor exists for
+    assert bounded_predictions(spike)
     unchanged, _ = fit_hyperparameters(spike, x, y, steps=0, lr=0.01)
     np.testing.assert_array_equal(unchanged.raw_lengthscales.numpy(), spike.raw_lengthscales.numpy())
     floor = 0.05 * x.std(axis=0)
@@ -132,4 +142,4 @@ def test_the_lengthscale_floor_lifts_a_spike_kernel_whose_float32_predictions_ov
     np.testing.assert_allclose(lifted.lengthscales().numpy()[0], np.maximum([0.0063, 8.8e-6], floor), rtol=1e-12)
     fitted, history = fit_hyperparameters(spike, x, y, steps=60, lr=0.05, lengthscale_floor=0.05)
     assert np.all(fitted.lengthscales().numpy() >= floor * (1 - 1e-12)) and np.isfinite(history).all()
-    assert finite_predictions(fitted)
+    assert bounded_predictions(fitted)

@@ -289,7 +289,7 @@ class GPPosterior:
             self.set_backward_precision("float32")
         xs = x.unsqueeze(0) * self.inv_lengthscales[:, None, :]                    # (n_out, P, d)
         cross = torch.baddbmm(-self.half_sq_norms[:, None, :], xs, self.scaled_inputs.transpose(1, 2))
-        k = torch.exp(cross - 0.5 * (xs * xs).sum(-1, keepdim=True))              # k / sf2, (n_out, P, n)
+        k = torch.exp((cross - 0.5 * (xs * xs).sum(-1, keepdim=True)).clamp_max(0.0))   # k / sf2 (n_out, P, n)
         out = _PackedProjection.apply(k, self.packed, self.backward_matrix)       # (n_out, P, n + 1)
         n = self.size
         w = out[..., :n]
@@ -370,7 +370,9 @@ def moments_forward(fast: FastGP, x: torch.Tensor) -> tuple[torch.Tensor, torch.
     n_out, d = fast.inv_lengthscales.shape
     xs = x.unsqueeze(0) * fast.inv_lengthscales.unsqueeze(-1)                    # (n_out, d, P)
     z = torch.cat([xs, (xs * xs).sum(1, keepdim=True).mul_(-0.5), torch.ones_like(xs[:, :1])], 1)
-    k = torch.bmm(z.transpose(1, 2), fast.kernel_points).clamp_min_(fast.exp_floor).exp_()   # k/sf2 (n_out, P, n)
+    # -|xs - s|^2 / 2 expanded: it cancels, and for a tiny lengthscale (large scaled inputs) float32 can make it
+    # positive and exp() overflow (docs/learner.md, "A diverging optimisation rolls back"); k <= sf2 holds exactly.
+    k = torch.bmm(z.transpose(1, 2), fast.kernel_points).clamp_(fast.exp_floor, 0.0).exp_()   # k/sf2 (n_out, P, n)
     if torch.compiler.is_compiling():
         out = torch.cat([torch.bmm(k[..., :m.shape[1]], m) for _, _, m in fast.forward_blocks], -1)
     else:
