@@ -5,6 +5,8 @@ plant) on a robot profile, from states at given levels of the LQR cost-to-go V (
     python benchmarks/bench_balance.py --design-sweep --samples 200      # can another LQR design catch on model_1.0?
     python benchmarks/bench_balance.py --robust-search                   # can any linear state feedback?
     python benchmarks/bench_balance.py --robots pendubot --dither-sweep   # the LQR plus a shake of the actuated joint
+    python benchmarks/bench_balance.py --robots acrobot --dither-sweep --profile nominal --amplitudes 0 \
+        --q-scales 0.1 1 10 --r-scales 0.1 1 10 --levels 2 4 8 16    # the LQR's weights alone (no shake)
 
 A start is *caught* when, after ``--horizon`` s on the simulated robot (with its sensors and motors), the state is
 within 0.2 rad (q1) / 0.3 rad (q2) of upright. Rows with
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -77,13 +80,16 @@ def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: 
                  profile: str = "hardware_proxy", q_scales: tuple[float, ...] = (1.0,),
                  amplitudes: tuple[float, ...] = (0.0, 2.0, 3.0, 4.0, 5.0, 6.0),
                  frequencies: tuple[float, ...] = (3.0, 5.0, 8.0),
-                 shapes: tuple[str, ...] = ("sine", "square")) -> None:
-    """The robot config's LQR (always in charge; its Q scaled by each of ``q_scales``) plus a shake of amplitude
-    A (N m) at f (Hz), sine or square, on the robot ``profile``: catch rate per start level (the levels of the
-    unscaled LQR, so every row starts from the same states), best mean first."""
-    print("| robot | Q scale | amplitude (N m) | frequency (Hz) | shape | "
-          + " | ".join(f"V = {v} rho" for v in levels) + " | mean |")
-    print("|---|---|---|---|---|" + "---|" * (len(levels) + 1))
+                 shapes: tuple[str, ...] = ("sine", "square"), r_scales: tuple[float, ...] = (1.0,),
+                 passive_dampings: tuple[float, ...] = (0.0,)) -> None:
+    """The robot config's LQR (always in charge; its Q and R scaled by each of ``q_scales`` / ``r_scales``, and
+    designed with each of ``passive_dampings`` (N m s/rad) added as viscous friction on the passive joint of the
+    design plant) plus a shake of amplitude A (N m) at f (Hz), sine or square, on the robot ``profile``: catch
+    rate per start level (the levels of the unchanged LQR, so every row starts from the same states), best mean
+    first."""
+    print("| robot | Q scale | R scale | passive damping in the design (N m s/rad) | amplitude (N m) | "
+          "frequency (Hz) | shape | " + " | ".join(f"V = {v} rho" for v in levels) + " | mean |")
+    print("|---|---|---|---|---|---|---|" + "---|" * (len(levels) + 1))
     for robot in robots:
         config = load_robot_config(CONFIG / f"{robot}.yaml")
         supervisor = build_controller(config)
@@ -93,19 +99,21 @@ def dither_sweep(robots: list[str], levels: list[float], samples: int, horizon: 
         starts = {v: sample_sublevel_states(supervisor.design, np.full(samples, v * supervisor.rho), rng)
                   for v in levels}
         rows = []
-        for q_scale in q_scales:
-            lqr = dataclasses.replace(config.lqr, Q_diag=tuple(float(q) * q_scale for q in config.lqr.Q_diag))
-            for amplitude in amplitudes:
-                for frequency in frequencies:
-                    for shape in shapes:
-                        if amplitude == 0.0 and (frequency, shape) != (frequencies[0], shapes[0]):
-                            continue
-                        cfg = dataclasses.replace(config, roa=always, lqr=lqr,
-                                                  dither=BalanceDitherConfig(amplitude, frequency, shape))
-                        rates = [caught_fraction(cfg, profile, starts[v], horizon) for v in levels]
-                        rows.append((float(np.mean(rates)), q_scale, amplitude, frequency, shape, rates))
-        for mean, q_scale, amplitude, frequency, shape, rates in sorted(rows, key=lambda row: -row[0]):
-            print(f"| {robot} | {q_scale:g} | {amplitude:g} | {frequency:g} | {shape} | "
+        shakes = [(a, f, s) for a in amplitudes for f in frequencies for s in shapes
+                  if a != 0.0 or (f, s) == (frequencies[0], shapes[0])]
+        for q_scale, r_scale, c in itertools.product(q_scales, r_scales, passive_dampings):
+            lqr = dataclasses.replace(config.lqr, Q_diag=tuple(float(q) * q_scale for q in config.lqr.Q_diag),
+                                      R=config.lqr.R * r_scale)
+            damping = list(config.plant.b)
+            damping[config.passive_joint] += c
+            plant = dataclasses.replace(config.plant, b=tuple(damping))
+            for amplitude, frequency, shape in shakes:
+                cfg = dataclasses.replace(config, roa=always, lqr=lqr, plant=plant,
+                                          dither=BalanceDitherConfig(amplitude, frequency, shape))
+                rates = [caught_fraction(cfg, profile, starts[v], horizon) for v in levels]
+                rows.append((float(np.mean(rates)), (q_scale, r_scale, c, amplitude, frequency, shape), rates))
+        for mean, (q_scale, r_scale, c, amplitude, frequency, shape), rates in sorted(rows, key=lambda r: -r[0]):
+            print(f"| {robot} | {q_scale:g} | {r_scale:g} | {c:g} | {amplitude:g} | {frequency:g} | {shape} | "
                   + " | ".join(f"{r:.2f}" for r in rates) + f" | {mean:.2f} |", flush=True)
 
 
@@ -168,10 +176,16 @@ def main() -> int:
     parser.add_argument("--frequencies", type=float, nargs="+", default=[3.0, 5.0, 8.0],
                         help="--dither-sweep: shake frequencies (Hz)")
     parser.add_argument("--shapes", nargs="+", choices=("sine", "square"), default=["sine", "square"])
+    parser.add_argument("--r-scales", type=float, nargs="+", default=[1.0],
+                        help="--dither-sweep: also the LQR with its R times each of these")
+    parser.add_argument("--passive-dampings", type=float, nargs="+", default=[0.0],
+                        help="--dither-sweep: also the LQR designed with this viscous damping (N m s/rad) added on "
+                             "the passive joint (a linear stand-in for its friction under the shake)")
     args = parser.parse_args()
     if args.dither_sweep:
         dither_sweep(args.robots, args.levels, args.samples, args.horizon, args.seed, args.profile,
-                     tuple(args.q_scales), tuple(args.amplitudes), tuple(args.frequencies), tuple(args.shapes))
+                     tuple(args.q_scales), tuple(args.amplitudes), tuple(args.frequencies), tuple(args.shapes),
+                     tuple(args.r_scales), tuple(args.passive_dampings))
         return 0
     if args.robust_search:
         robust_search(args.robots, args.restarts, args.seed)
