@@ -46,7 +46,7 @@ def first_escape(model: DynamicsModel, policy: TorchPolicy, x: torch.Tensor, ste
                      for j in range(2) if not bool(torch.isfinite(part[p, j]))]
             return (f"step {t}, particle {p} of {x.shape[0]}: state {np.round(x[p].numpy(), 2).tolist()} "
                     f"(rad, rad/s), torque {float(u_eff[p]):.2f} N m; non-finite: {', '.join(parts)}")
-        x = x + torch.cat([model.period * (x[:, 2:] + 0.5 * delta), delta], -1)
+        x = model.advance(x, delta)
         previous = u
     return None
 

@@ -259,7 +259,12 @@ class DynamicsModel:
         delta = prior + mean
         if noise is not None:
             delta = delta + torch.sqrt(var) * noise
-        return x + torch.cat([self.period * (x[:, 2:] + 0.5 * delta), delta], -1), u
+        return self.advance(x, delta), u
+
+    def advance(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """The next states (P, 4) from x (P, 4) and the velocity change delta (P, 2) rad/s over one policy period:
+        q' = q + Ts dq + Ts/2 delta, dq' = dq + delta."""
+        return x + torch.cat([self.period * (x[:, 2:] + 0.5 * delta), delta], -1)
 
     def transition_parts(self, x: torch.Tensor, policy, previous: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """The parts of :meth:`step_after`'s transition from x (P, 4): the policy's torque u (P,), the effective
