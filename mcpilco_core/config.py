@@ -474,6 +474,26 @@ class BalanceDitherConfig:
         return self.amplitude * phase
 
 
+@dataclass(frozen=True)
+class CatchConfig:
+    """The catch: a receding-horizon plan (iLQR on the config's plant) in place of the LQR in the outer part of the
+    balancing band, lqr_level * rho <= V < exit_fraction * rho (off by default; control/catch.py says why).
+
+    Each plan is solved one ``period`` ahead from the model's prediction, so its computation (~10 ms here) never
+    delays a command: ``period`` must leave the computer that much time. Units: s.
+    """
+
+    enabled: bool = setting("plan the catch instead of the LQR in the outer band (off: the LQR alone)", False)
+    period: float = setting("s, the plan's step: its torque is held this long, and the next plan must be solved "
+                            "within it", 0.02, positive=True, high=1.0)
+    horizon: float = setting("s, how far each plan looks ahead", 0.8, positive=True, high=10.0)
+    integration_step: float = setting("s, longest RK4 step of the plan's model", 0.01, positive=True, high=1.0)
+    iterations: int = setting("iLQR iterations per plan (each plan starts from the better of the LQR's run on the "
+                              "model and the previous plan)", 2, low=1, high=1000)
+    lqr_level: float = setting("the LQR alone below V = lqr_level * rho (it catches there; 500 Hz feedback)", 1.0,
+                               low=0.0, high=100.0)
+
+
 PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
 
 
@@ -544,6 +564,7 @@ class RobotConfig(RobotJoints):
     damping: DampingConfig = section(DampingConfig)
     friction_compensation: FrictionCompensationConfig = section(FrictionCompensationConfig)
     dither: BalanceDitherConfig = section(BalanceDitherConfig)
+    catch: CatchConfig = section(CatchConfig)
     source: str | None = None
 
     @property
@@ -564,6 +585,8 @@ class RobotConfig(RobotJoints):
             data.pop("friction_compensation")
         if self.dither.amplitude <= 0.0:                # off: likewise
             data.pop("dither")
+        if not self.catch.enabled:                      # off: likewise
+            data.pop("catch")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -621,10 +644,28 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
     if dither.amplitude > values["torque_limit"]:
         raise ConfigError(source, "dither.amplitude", f"{dither.amplitude} N m exceeds torque_limit "
                                                       f"{values['torque_limit']} N m")
-    return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=_roa_config(reader.sub("roa")),
+    roa = _roa_config(reader.sub("roa"))
+    catch = _catch_config(reader, values["control_period"], roa)
+    return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=roa,
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
-                       dither=dither, source=str(source) if source is not None else None, **values)
+                       dither=dither, catch=catch, source=str(source) if source is not None else None, **values)
+
+
+def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -> CatchConfig:
+    catch = _section(reader, "catch", CatchConfig)
+    source = reader.source
+    periods = catch.period / control_period
+    if abs(periods - round(periods)) > 1e-6 or round(periods) < 1:
+        raise ConfigError(source, "catch.period", f"{catch.period} s is not a whole number of control periods "
+                                                  f"({control_period} s)")
+    if catch.horizon < catch.period:
+        raise ConfigError(source, "catch.horizon", f"{catch.horizon} s is shorter than catch.period "
+                                                   f"({catch.period} s)")
+    if catch.enabled and catch.lqr_level > roa.exit_fraction:
+        raise ConfigError(source, "catch.lqr_level", f"{catch.lqr_level} exceeds roa.exit_fraction "
+                                                     f"({roa.exit_fraction}): the plan would never act")
+    return catch
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

@@ -68,3 +68,31 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_balance_dither(tmp_path)
     assert np.sum(ref.mode == MODE_CODES["lqr"]) >= 100 and config.dither.amplitude > 0
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_catch(tmp_path):
+    """The same with config/acrobot_catch.yaml: the catch's plans (solved one period ahead, held for their period)
+    give the same torques in the controller node as in the evaluator, step for step."""
+    config_file = REPO / "config" / "acrobot_catch.yaml"
+    config = load_robot_config(config_file)
+    policy_file = REPO / "policies" / "acrobot.npz"
+    result = run_demo("acrobot", seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
+                      duration=DURATION)
+    assert result["lockstep_timeouts"] == 0
+    ros = np.load(result["trajectory"])
+    supervisor = build_controller(config, load_policy(policy_file, robot="acrobot", torque_limit=config.torque_limit))
+    catching = []
+
+    class Watched:      # the evaluator's controller, noting the steps whose torque came from a plan
+        mode = property(lambda self: supervisor.mode)
+        reset = staticmethod(supervisor.reset)
+
+        def step(self, x: np.ndarray, t: float) -> np.ndarray:
+            u = supervisor.step(x, t)
+            catching.append(supervisor.catching)
+            return u
+
+    ref = evaluate_seed(Watched(), config, SEED, DURATION, keep_trajectory=True).trajectory
+    assert config.catch.enabled and sum(catching) >= 100
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)

@@ -7,7 +7,9 @@ Priority, evaluated at every state (500 Hz):
                  u = -gain * dq on the actuated joint (removes energy the PID or a bad swing put in).
 3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho;
                  plus the robot config's opt-in balance ``dither`` (a shake on the actuated joint, phase from
-                 the moment the LQR took over) that keeps a passive joint with Coulomb friction sliding.
+                 the moment the LQR took over) that keeps a passive joint with Coulomb friction sliding, and its
+                 opt-in ``catch``: above V = catch.lqr_level * rho a receding-horizon plan (control/catch.py)
+                 acts in place of the LQR (the mode stays ``lqr``; ``catching`` says which acts).
 4. ``policy``  - the swing-up policy, evaluated at its own period and held in between (zero-order hold).
 5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
 
@@ -25,7 +27,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..config import RobotConfig
-from ..plant import wrap_state
+from ..plant import DoublePendulum, wrap_state
+from .catch import build_catch
 from .lqr import LqrDesign
 
 MODES = ("policy", "lqr", "damping", "safe", "idle")
@@ -49,6 +52,7 @@ class Supervisor:
         self._act = config.actuated_joint
         self._limit = config.torque_limit
         self._k_row = design.K[self._act].copy()
+        self._catch = build_catch(DoublePendulum(config.plant), design, config)
         self.reset()
 
     # ---------------------------------------------------------------- public API
@@ -56,6 +60,11 @@ class Supervisor:
     def mode(self) -> str:
         """The mode of the last step: policy / lqr / damping / safe / idle."""
         return self._mode
+
+    @property
+    def catching(self) -> bool:
+        """Whether the last step's torque came from the opt-in catch plan (in mode ``lqr``)."""
+        return self._catch is not None and self._mode == "lqr" and self._catch.active
 
     @property
     def policy(self) -> Policy | None:
@@ -75,6 +84,8 @@ class Supervisor:
         self._next_policy_time = -math.inf
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
+        if self._catch is not None:
+            self._catch.reset()
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
         """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
@@ -93,6 +104,7 @@ class Supervisor:
 
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:
+        self._leave_catch()
         self._mode = "safe"
         self._damping = False
         self._in_lqr = False
@@ -100,6 +112,7 @@ class Supervisor:
 
     def _actuated_torque(self, x: np.ndarray, t: float) -> float:
         if self._update_damping(x):
+            self._leave_catch()
             self._mode = "damping"
             self._next_policy_time = -math.inf
             return -self.config.damping.gain * x[2 + self._act]
@@ -111,7 +124,8 @@ class Supervisor:
                 self._lqr_since = t
             self._mode = "lqr"
             self._next_policy_time = -math.inf
-            return -float(self._k_row @ err) + self._dither(t)
+            return self._balance_torque(err, cost, t) + self._dither(t)
+        self._leave_catch()
         if self._policy is None:
             self._mode = "idle"
             return 0.0
@@ -124,6 +138,20 @@ class Supervisor:
             self._next_policy_time = grid_next if grid_next > t else t + period
         self._mode = "policy"
         return self._held_u
+
+    def _balance_torque(self, err: np.ndarray, cost: float, t: float) -> float:
+        """The LQR's torque, or the catch plan's in the outer band when the robot config turns it on (N m)."""
+        u_lqr = -float(self._k_row @ err)
+        if self._catch is None:
+            return u_lqr
+        if cost < self.config.catch.lqr_level * self.rho:
+            self._catch.reset()
+            return u_lqr
+        return self._catch.torque(err + self.design.goal, t, u_lqr)
+
+    def _leave_catch(self) -> None:
+        if self._catch is not None:
+            self._catch.reset()
 
     def _dither(self, t: float) -> float:
         """The balance dither at time ``t``, its phase counted in whole control periods since the LQR took over (the
