@@ -479,7 +479,7 @@ class CatchConfig:
     """The catch: a receding-horizon plan (iLQR on the config's plant) in place of the LQR in the outer part of the
     balancing band, lqr_level * rho <= V < exit_fraction * rho (off by default; control/catch.py says why).
 
-    Each plan is solved one ``period`` ahead from the model's prediction, so its computation (~10 ms here) never
+    Each plan is solved one ``period`` ahead from the model's prediction, so its computation (~6 ms here) never
     delays a command: ``period`` must leave the computer that much time. Units: s.
     """
 
@@ -488,8 +488,8 @@ class CatchConfig:
                             "within it", 0.02, positive=True, high=1.0)
     horizon: float = setting("s, how far each plan looks ahead", 0.8, positive=True, high=10.0)
     integration_step: float = setting("s, longest RK4 step of the plan's model", 0.01, positive=True, high=1.0)
-    iterations: int = setting("iLQR iterations per plan (each plan starts from the better of the LQR's run on the "
-                              "model and the previous plan)", 2, low=1, high=1000)
+    iterations: int = setting("iLQR iterations per plan (each plan starts from the LQR's run on the model)", 2, low=1,
+                              high=1000)
     lqr_level: float = setting("the LQR alone below V = lqr_level * rho (it catches there; 500 Hz feedback)", 1.0,
                                low=0.0, high=100.0)
 
