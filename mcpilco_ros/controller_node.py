@@ -24,7 +24,8 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
   learner derives trial k's generator from (seed, k): reproducible, never the same twice in a session. The
   supervisor still watches every state: its ``damping`` (too fast) and ``safe`` modes override exploration.
   Switching exploration on the first time imports the learner (torch, ~2 s), which is why it is refused while armed;
-- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute), refused counts, policy,
+- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute; WARN when the opt-in catch is on
+  and a step took longer than its plan period), refused counts, policy,
   exploration.
 
 The commanded JointState's ``header.frame_id`` carries the supervisor mode that produced it, so recordings
@@ -339,9 +340,14 @@ class ControllerNode(ConfiguredNode):
         else:
             level, message = OK, f"mode {self._last_mode}"
         step = self.step_time.summary(1e6)
+        catch = self.config.catch
+        if level == OK and catch.enabled and step["max"] > catch.period * 1e6:   # a plan overran its period
+            level, message = WARN, (f"a step took {step['max'] / 1e3:.1f} ms, longer than catch.period "
+                                    f"({catch.period * 1e3:g} ms): the catch's plans are late on this computer")
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
                   "friction_compensation": self.config.friction_compensation.enabled,
+                  "catch": catch.enabled, "catching": self.supervisor.catching,
                   "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
                   "rho": self.supervisor.rho, "states_received": self.states_received,
                   "commands_published": self.commands_published,

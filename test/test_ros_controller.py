@@ -16,7 +16,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from std_srvs.srv import SetBool, Trigger  # noqa: E402
 
 from mcpilco_core.policy import SumOfGaussiansPolicy, load_policy, save_policy  # noqa: E402
-from mcpilco_ros._ros_utils import ERROR, OK, ParameterError  # noqa: E402
+from mcpilco_ros._ros_utils import ERROR, OK, WARN, ParameterError  # noqa: E402
 from mcpilco_ros.controller_node import ControllerNode  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -277,3 +277,18 @@ def test_exploration_amplitude_above_the_torque_limit_is_refused():
     with rig() as r:
         with pytest.raises(ParameterError, match="exploration.amplitude"):
             make_controller(r.context, **{"exploration.amplitude": 7.0})
+
+
+@pytest.mark.parametrize("catch", [False, True])
+def test_diagnostics_warn_when_a_step_outlasts_the_catch_period(catch):
+    """With the opt-in catch, a step longer than catch.period (a plan solved too slowly for its period) is a WARN;
+    without the catch the same step time is not."""
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, **{"catch.enabled": catch})
+        assert controller.config.catch.enabled is catch
+        controller.step_time.add(0.025)                      # s: one step of 25 ms; catch.period is 20 ms
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["catch"] == str(catch) and status_values(st)["catching"] == "False"
+                 and level(st) == (WARN if catch else OK), what="diagnostics with the catch's state")
+        if catch:
+            assert "catch.period" in peer.last_status("controller").message
