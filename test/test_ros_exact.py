@@ -53,18 +53,35 @@ def test_ros_lockstep_run_equals_the_evaluator_array_by_array(tmp_path):
     assert float(ros["score"]) == reference.score
 
 
+def ros_and_evaluator(robot: str, config_name: str, policy_name: str, tmp_path: Path, watch=None):
+    """The lockstep ROS run and the evaluator's trajectory for ``config/<config_name>`` with ``policies/<policy_name>``;
+    ``watch(supervisor)`` (optional) is called after each of the evaluator's steps."""
+    config_file = REPO / "config" / config_name
+    config = load_robot_config(config_file)
+    policy_file = REPO / "policies" / policy_name
+    result = run_demo(robot, seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
+                      duration=DURATION)
+    assert result["lockstep_timeouts"] == 0
+    supervisor = build_controller(config, load_policy(policy_file, robot=robot, torque_limit=config.torque_limit))
+
+    class Watched:
+        mode = property(lambda self: supervisor.mode)
+        reset = staticmethod(supervisor.reset)
+
+        def step(self, x: np.ndarray, t: float) -> np.ndarray:
+            u = supervisor.step(x, t)
+            if watch is not None:
+                watch(supervisor)
+            return u
+
+    reference = evaluate_seed(Watched(), config, SEED, DURATION, keep_trajectory=True).trajectory
+    return config, np.load(result["trajectory"]), reference
+
+
 def test_ros_lockstep_run_equals_the_evaluator_with_the_balance_dither(tmp_path):
     """The same with config/pendubot_dither.yaml: the shake's phase (from the LQR's take-over) is the same in
     the controller node as in the evaluator, step for step."""
-    config_file = REPO / "config" / "pendubot_dither.yaml"
-    config = load_robot_config(config_file)
-    policy_file = REPO / "policies" / "pendubot_hardware_proxy.npz"
-    result = run_demo("pendubot", seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
-                      duration=DURATION)
-    assert result["lockstep_timeouts"] == 0
-    ros = np.load(result["trajectory"])
-    policy = load_policy(policy_file, robot="pendubot", torque_limit=config.torque_limit)
-    ref = evaluate_seed(build_controller(config, policy), config, SEED, DURATION, keep_trajectory=True).trajectory
+    config, ros, ref = ros_and_evaluator("pendubot", "pendubot_dither.yaml", "pendubot_hardware_proxy.npz", tmp_path)
     assert np.sum(ref.mode == MODE_CODES["lqr"]) >= 100 and config.dither.amplitude > 0
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
@@ -73,26 +90,9 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_balance_dither(tmp_path)
 def test_ros_lockstep_run_equals_the_evaluator_with_the_catch(tmp_path):
     """The same with config/acrobot_catch.yaml: the catch's plans (solved one period ahead, held for their period)
     give the same torques in the controller node as in the evaluator, step for step."""
-    config_file = REPO / "config" / "acrobot_catch.yaml"
-    config = load_robot_config(config_file)
-    policy_file = REPO / "policies" / "acrobot.npz"
-    result = run_demo("acrobot", seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
-                      duration=DURATION)
-    assert result["lockstep_timeouts"] == 0
-    ros = np.load(result["trajectory"])
-    supervisor = build_controller(config, load_policy(policy_file, robot="acrobot", torque_limit=config.torque_limit))
     catching = []
-
-    class Watched:      # the evaluator's controller, noting the steps whose torque came from a plan
-        mode = property(lambda self: supervisor.mode)
-        reset = staticmethod(supervisor.reset)
-
-        def step(self, x: np.ndarray, t: float) -> np.ndarray:
-            u = supervisor.step(x, t)
-            catching.append(supervisor.catching)
-            return u
-
-    ref = evaluate_seed(Watched(), config, SEED, DURATION, keep_trajectory=True).trajectory
-    assert config.catch.enabled and sum(catching) >= 100
+    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_catch.yaml", "acrobot.npz", tmp_path,
+                                         lambda supervisor: catching.append(supervisor.catching))
+    assert config.catch.enabled and sum(catching) >= 100      # steps whose torque came from a plan
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
