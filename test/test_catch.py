@@ -89,15 +89,16 @@ def test_a_plan_improves_on_the_lqr_and_respects_the_torque_limit():
     design = build_controller(config).design
     x0 = tuple(wrap_state(DROPPED_BY_THE_LQR))
     planner = build_catch(DoublePendulum(config.plant), design, config).planner
-    lqr_run = planner.rollout(x0, planner.lqr_guess(x0))
-    plan = planner.improve(x0, planner.lqr_guess(x0), iterations=20)
+    lqr_run = planner.lqr_run(x0)
+    np.testing.assert_array_equal(planner.rollout(x0, lqr_run.torques).states, lqr_run.states)
+    plan = planner.improve(x0, lqr_run, iterations=20)
     assert plan.cost < 0.5 * lqr_run.cost
     assert np.abs(plan.torques).max() <= 6.0
     def end_cost(run) -> float:
         return float(goal_error(run.states[-1]) @ design.S @ goal_error(run.states[-1]))
 
     assert end_cost(plan) < end_cost(lqr_run)
-    again = planner.improve(x0, planner.lqr_guess(x0), iterations=20)    # deterministic
+    again = planner.improve(x0, planner.lqr_run(x0), iterations=20)    # deterministic
     np.testing.assert_array_equal(again.torques, plan.torques)
 
 

@@ -22,12 +22,13 @@ Two parts, kept apart as in moteus' build/send split:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import CatchConfig, RobotConfig
-from ..plant import GOAL, DoublePendulum, wrap_angle
+from ..plant import GOAL, DoublePendulum, wrap_angle, wrap_state
 from .lqr import LqrDesign
 
 LINE_SEARCH = (1.0, 0.5, 0.25, 0.1, 0.03, 0.01)   # step fractions tried in turn (small ones: chaotic runs)
@@ -71,7 +72,6 @@ class CatchPlanner:
     def __init__(self, plant: DoublePendulum, design: LqrDesign, q_diag: tuple[float, ...], r: float,
                  torque_limit: float, period: float, steps: int, integration_step: float) -> None:
         self.plant = plant
-        self.design = design
         self.act = design.actuated_joint
         self.q = np.diag(np.asarray(q_diag, dtype=np.float64)) * period
         self.r = float(r) * period
@@ -124,47 +124,39 @@ class CatchPlanner:
         return a, b
 
     # ------------------------------------------------------------------ rollouts
-    def _stage_cost(self, x: tuple, u: float) -> float:
-        e = goal_error(x)
-        return float(e @ self.q @ e) + self.r * u * u
-
-    def rollout(self, x0: tuple, torques: np.ndarray) -> CatchPlan:
-        """The model's states and the cost of holding ``torques`` (clipped to the limit) from ``x0``."""
-        states = np.empty((self.steps + 1, 4))
-        states[0] = x0
-        used = np.clip(np.asarray(torques, dtype=np.float64), -self.limit, self.limit)
-        x, cost = tuple(float(v) for v in x0), 0.0
-        for k in range(self.steps):
-            cost += self._stage_cost(x, used[k])
-            x = self.advance(x, float(used[k]))
-            states[k + 1] = x
-        e = goal_error(x)
-        return CatchPlan(used, states, np.zeros((self.steps, 4)), cost + float(e @ self.s @ e))
-
-    def _forward(self, x0: tuple, plan: CatchPlan, step: np.ndarray, gains: np.ndarray, alpha: float) -> CatchPlan:
+    def _run(self, x0: tuple, control: Callable[[int, tuple], float], gains: np.ndarray | None = None) -> CatchPlan:
+        """The model from ``x0`` with ``control(k, x)`` (N m, clipped to the limit) held over each period k: the
+        states, torques and cost of one rollout (every rollout of the planner is this loop)."""
         states = np.empty((self.steps + 1, 4))
         states[0] = x0
         torques = np.empty(self.steps)
         x, cost = tuple(float(v) for v in x0), 0.0
         for k in range(self.steps):
-            dx = np.asarray(x) - plan.states[k]
-            dx[:2] = wrap_angle(dx[:2])
-            u = min(max(float(plan.torques[k] + alpha * step[k] + gains[k] @ dx), -self.limit), self.limit)
+            u = min(max(control(k, x), -self.limit), self.limit)
             torques[k] = u
-            cost += self._stage_cost(x, u)
+            e = goal_error(x)
+            cost += float(e @ self.q @ e) + self.r * u * u
             x = self.advance(x, u)
             states[k + 1] = x
         e = goal_error(x)
-        return CatchPlan(torques, states, gains, cost + float(e @ self.s @ e))
+        return CatchPlan(torques, states, np.zeros((self.steps, 4)) if gains is None else gains,
+                         cost + float(e @ self.s @ e))
 
-    def lqr_guess(self, x0: tuple) -> np.ndarray:
-        """Torques of the saturated LQR run on the model, held per period: the first guess of a plan."""
-        torques = np.empty(self.steps)
-        x = tuple(float(v) for v in x0)
-        for k in range(self.steps):
-            torques[k] = min(max(-float(self._k_row @ goal_error(x)), -self.limit), self.limit)
-            x = self.advance(x, float(torques[k]))
-        return torques
+    def rollout(self, x0: tuple, torques: np.ndarray) -> CatchPlan:
+        """The model's states and the cost of holding ``torques`` (clipped to the limit) from ``x0``."""
+        return self._run(x0, lambda k, x: float(torques[k]))
+
+    def lqr_run(self, x0: tuple) -> CatchPlan:
+        """The saturated LQR run on the model, its torque held per period: the first guess of every plan."""
+        return self._run(x0, lambda k, x: -float(self._k_row @ goal_error(x)))
+
+    def _forward(self, x0: tuple, plan: CatchPlan, step: np.ndarray, gains: np.ndarray, alpha: float) -> CatchPlan:
+        def control(k: int, x: tuple) -> float:
+            dx = np.asarray(x) - plan.states[k]
+            dx[:2] = wrap_angle(dx[:2])
+            return float(plan.torques[k] + alpha * step[k] + gains[k] @ dx)
+
+        return self._run(x0, control, gains)
 
     # ------------------------------------------------------------------ iLQR
     def _backward(self, plan: CatchPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -192,9 +184,9 @@ class CatchPlanner:
             vxx = 0.5 * (vxx + vxx.T)
         return step, gains
 
-    def improve(self, x0: tuple, torques: np.ndarray, iterations: int) -> CatchPlan:
-        """Up to ``iterations`` iLQR steps from the guess ``torques``; each is kept only if it lowers the cost."""
-        plan = self.rollout(x0, torques)
+    def improve(self, x0: tuple, plan: CatchPlan, iterations: int) -> CatchPlan:
+        """Up to ``iterations`` iLQR steps from the guess ``plan`` (a rollout from ``x0``); each is kept only if it
+        lowers the cost."""
         for _ in range(iterations):
             step, gains = self._backward(plan)
             for alpha in LINE_SEARCH:
@@ -209,7 +201,7 @@ class CatchPlanner:
     def plan(self, x0: tuple, iterations: int) -> CatchPlan:
         """A plan from ``x0``, improved from the saturated LQR's run on the model. (Warm-starting from the previous
         plan scored lower on the protocol, 0.408 against 0.426 on seeds 200-223: a plan that failed stays failed.)"""
-        return self.improve(x0, self.lqr_guess(x0), iterations)
+        return self.improve(x0, self.lqr_run(x0), iterations)
 
 
 class CatchController:
@@ -249,15 +241,9 @@ class CatchController:
 
     def _solve(self, predicted: tuple) -> None:
         """The next plan, from the state predicted for the coming period boundary (wrapped as the supervisor does)."""
-        q1, q2 = _wrap_position(predicted)
-        x0 = (float(q1), float(q2), float(predicted[2]), float(predicted[3]))
+        x0 = tuple(float(v) for v in wrap_state(np.asarray(predicted)))
         self._plan = self.planner.plan(x0, self.settings.iterations)
         self.plans_solved += 1
-
-
-def _wrap_position(x: tuple) -> np.ndarray:
-    """q1 around the upright (pi), q2 around 0, as the supervisor wraps its states."""
-    return np.array([wrap_angle(x[0] - math.pi) + math.pi, wrap_angle(x[1])])
 
 
 def build_catch(plant: DoublePendulum, design: LqrDesign, config: RobotConfig) -> CatchController | None:
