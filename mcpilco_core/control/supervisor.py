@@ -84,8 +84,7 @@ class Supervisor:
         self._next_policy_time = -math.inf
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
-        if self._catch is not None:
-            self._catch.reset()
+        self._leave_catch()
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
         """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
