@@ -14,14 +14,19 @@ MODE_COLORS = {"policy": "tab:blue", "lqr": "tab:green", "damping": "tab:orange"
                "idle": "lightgrey", "reset": "black", "other": "tab:purple"}
 
 
-def _figure(rows: int, height: float):
+def pyplot():
+    """matplotlib.pyplot on a file backend (files only: works on machines without a display)."""
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "cairo"):
-        matplotlib.use("Agg")  # files only: works on machines without a display
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(rows, 1, sharex=True, figsize=(12, height),
+    return plt
+
+
+def _figure(rows: int, height: float):
+    return pyplot().subplots(rows, 1, sharex=True, figsize=(12, height),
                              gridspec_kw={"height_ratios": [3] * (rows - 1) + [0.6]})
 
 

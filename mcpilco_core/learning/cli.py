@@ -68,6 +68,24 @@ def register(subparsers) -> None:
                    help="the simulated robot the check runs on (default: the run's robot profile)")
     p.set_defaults(func=_run_select)
 
+    p = subparsers.add_parser("polish", help="optimise a run's chosen policy further on its newest model "
+                                             "(no robot time)",
+                              description="Run more Adam steps on the run's (or session's) chosen policy on its "
+                                          "newest GP model: a fixed learning rate, no dropout, more particles, "
+                                          "from the start distribution of the run's next trial. Settings: the "
+                                          "training config's polish section (defaults 1500 steps, lr 0.001, 400 "
+                                          "particles), the options below override them. Writes OUT/policy.npz, "
+                                          "OUT/polish.json and OUT/polish_curve.png. No robot time.")
+    p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
+    p.add_argument("--policy", type=Path, default=None,
+                   help="policy to polish (default: the selected one, RUN/selection.json, else the newest)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/polish)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--particles", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of the particles' starts and noise")
+    p.set_defaults(func=_run_polish)
+
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
                                             "friction, rotor inertia, sensor delay, motor lag, noise (no robot time)",
                               description="Fits, at the state rate, the training config's prior's viscous and "
@@ -168,6 +186,26 @@ def _run_select(args: argparse.Namespace) -> int:
     if args.export is not None:
         shutil.copyfile(selection.files[selection.best], args.export)
         print(f"selected trial {selection.best}: {args.export}")
+    return 0
+
+
+def _run_polish(args: argparse.Namespace) -> int:
+    from .polish import load_source, polish, settings_with
+    from .runs import RunError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        source = load_source(args.run, args.policy)
+        settings = settings_with(source.config.polish, steps=args.steps, lr=args.lr, particles=args.particles,
+                                 seed=args.seed)
+    except (RunError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"polishing {source.policy_file} on the model of {source.model_from}: {settings.steps} steps, lr "
+          f"{settings.lr:g}, {settings.particles} particles, no dropout (no robot time)")
+    result = polish(source, settings, args.out or args.run / "polish", progress=source.config.progress)
+    print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "
+          f"({result.optimization.wall_time:.0f} s): {result.policy_file}")
     return 0
 
 

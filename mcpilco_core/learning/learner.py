@@ -49,6 +49,7 @@ from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
 from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
 from .parallel import PARALLEL_MODES
+from .polish import PolishSettings
 from .torch_policy import TorchPolicy
 
 LOG = logging.getLogger("mcpilco.learner")
@@ -111,6 +112,7 @@ class TrainConfig:
     progress: bool = True
     prior_plant: PlantParameters | None = None    # the GP's prior model (None: the robot config's plant)
     robot_profile: str = "nominal"                # the simulated robot the trials run on (config/robot_profiles.yaml)
+    polish: PolishSettings = field(default_factory=PolishSettings)   # `mcpilco polish` (no robot time)
 
     @property
     def model_robot(self) -> RobotConfig:
@@ -147,7 +149,7 @@ class TrainConfig:
 
 _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "backward_matmul", "rollout", "trials",
              "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
-             "initial_state", "evaluation", "progress", "prior_model", "robot_profile"]
+             "initial_state", "evaluation", "progress", "prior_model", "robot_profile", "polish"]
 
 
 def auto_threads() -> int:
@@ -266,7 +268,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
         progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path),
-        robot_profile=_robot_profile(r, path, robot_profile))
+        robot_profile=_robot_profile(r, path, robot_profile), polish=_polish_settings(r.sub("polish")))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
     if config.u_max > robot_cfg.u_max:       # the controller clips the policy to the robot config's bound
@@ -370,6 +372,15 @@ def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
                         roa_rho=float(rho), catch_v50=float(v50),
                         catch_sharpness=r.number("catch_sharpness", 2.0, positive=True))  # type: ignore[arg-type]
+
+
+def _polish_settings(r: ConfigReader) -> PolishSettings:
+    d = PolishSettings()
+    r.reject_unknown([f.name for f in fields(PolishSettings)])
+    return PolishSettings(steps=r.integer("steps", d.steps, minimum=1), lr=r.number("lr", d.lr, positive=True),
+                          particles=r.integer("particles", d.particles, minimum=1),
+                          seed=r.integer("seed", d.seed, minimum=0),
+                          snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
@@ -785,19 +796,12 @@ class Learner:
         learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
         ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
         simulation of the model: no robot time."""
-        from .protocol import on_model, protocol_scores
+        from .protocol import protocol_judge
 
-        cfg, opt = self.config, self.config.optimizer
+        opt = self.config.optimizer
         if opt.snapshot_every <= 0:
             return None
-        robot, profile = on_model(cfg, self.model)
-
-        def judge(policy: TorchPolicy) -> float:
-            runtime = policy.to_numpy(cfg.robot.robot, cfg.robot.policy_period)
-            return float(np.mean(protocol_scores(cfg, runtime, robot, opt.snapshot_seeds, opt.snapshot_seconds,
-                                                 profile)))
-
-        return judge
+        return protocol_judge(self.config, self.model, opt.snapshot_seeds, opt.snapshot_seconds)
 
     def learning_trial(self, k: int) -> TrialRecord:
         """Fit, optimise, run, evaluate (trial k >= 1)."""

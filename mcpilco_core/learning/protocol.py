@@ -35,3 +35,19 @@ def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) 
         policy = load_policy(policy, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
     controller = build_controller(config.robot, policy)
     return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
+
+
+def protocol_judge(config, model: DynamicsModel, seeds, seconds: float):
+    """A judge of torch policies (a callable policy -> score): the mean fraction of the time up over ``seeds`` x
+    ``seconds`` (s) of the protocol simulated on :func:`on_model`'s robot, with the controller the policy will run in
+    (its LQR and switching). A simulation of the model: no robot time. The optimiser's snapshot judge
+    (``Learner.protocol_judge``) and ``mcpilco polish`` use it."""
+    import numpy as np
+
+    robot, profile = on_model(config, model)
+
+    def judge(policy) -> float:
+        runtime = policy.to_numpy(config.robot.robot, config.robot.policy_period)
+        return float(np.mean(protocol_scores(config, runtime, robot, seeds, seconds, profile)))
+
+    return judge

@@ -1,0 +1,175 @@
+"""``mcpilco polish``: the chosen policy optimised further on the run's newest model -- fixed learning rate, no
+dropout, more particles, from the run's next start distribution -- with no robot time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_selection import tiny_run
+
+from mcpilco_core.config import ConfigError
+from mcpilco_core.learning import learner
+from mcpilco_core.learning import polish as polish_module
+from mcpilco_core.learning.cost import trajectory_cost
+from mcpilco_core.learning.learner import initial_distribution, load_train_config
+from mcpilco_core.learning.model import particle_noise, rollout
+from mcpilco_core.learning.polish import PolishSettings, load_source, polish
+from mcpilco_core.learning.protocol import protocol_judge
+from mcpilco_core.learning.torch_policy import TorchPolicy
+from mcpilco_core.policy import load_policy
+from mcpilco_ros import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("polish"), polish={"steps": 40, "lr": 0.01, "particles": 32,
+                                                                            "snapshot_every": 0})
+
+
+def model_cost(source, policy_file: Path) -> float:
+    """The particle cost of a policy file on the source's model: 200 particles from the run's next start
+    distribution, the same starts and noise for every policy."""
+    config = source.config
+    generator = torch.Generator().manual_seed(11)
+    x0 = initial_distribution(config, source.next_trial, source.pool).sampler("cpu", config.torch_dtype)(200, generator)
+    noise = particle_noise(config.horizon_steps, 200, generator, config.torch_dtype, "cpu")
+    policy = TorchPolicy.from_numpy(load_policy(policy_file), config.torch_dtype)
+    with torch.no_grad():
+        states = rollout(source.model, policy, x0, config.horizon_steps, None, noise=noise, mode="reference")
+    return float(trajectory_cost(states, config.cost))
+
+
+def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
+    base = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
+    base["robot_config"] = str(REPO / "config" / "pendubot.yaml")
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(base))
+    assert load_train_config(path).polish == PolishSettings()           # defaults: 1500 steps, lr 0.001, 400
+    for bad, field in (({"steps": 0}, "polish.steps"), ({"lr": -1.0}, "polish.lr"),
+                       ({"particles": 0}, "polish.particles"), ({"dropout": 0.1}, "polish")):
+        path.write_text(yaml.safe_dump({**base, "polish": bad}))
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_train_config(path)
+    with pytest.raises(ValueError, match="learning rate"):
+        PolishSettings(lr=float("nan"))
+
+
+def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path, monkeypatch):
+    def no_robot(*args, **kwargs):
+        raise AssertionError("polish ran the robot")
+
+    dropouts: list[float] = []
+    set_dropout = TorchPolicy.set_dropout
+
+    def record(self, probability, generator):
+        dropouts.append(probability)
+        set_dropout(self, probability, generator)
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    monkeypatch.setattr(TorchPolicy, "set_dropout", record)
+    source = load_source(run)
+    assert source.policy_file == run / "policy.npz" and source.next_trial == 4 and source.model_from == "trial 3"
+    original = source.policy_file.read_bytes()
+    result = polish(source, source.config.polish, tmp_path / "out", progress=False)
+    assert result.optimization.steps == 40 and not any(dropouts)          # every basis function on, every step
+    assert source.policy_file.read_bytes() == original                    # the source is never overwritten
+    assert model_cost(source, result.policy_file) < model_cost(source, source.policy_file)
+    report = json.loads((tmp_path / "out" / "polish.json").read_text())
+    assert report["robot_time_s"] == 0.0 and report["steps"] == 40 and len(report["cost"]) == 40
+    assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0}
+    assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
+    assert report["source_policy"] == str(run / "policy.npz")
+    meta = load_policy(result.policy_file).metadata["polished"]
+    assert meta["from"] == str(run / "policy.npz") and meta["robot_time_s"] == 0.0 and meta["steps"] == 40
+    assert (tmp_path / "out" / "polish_curve.png").stat().st_size > 5_000
+    # the same settings give the same policy; another seed another one
+    again = polish(load_source(run), source.config.polish, tmp_path / "again", progress=False)
+    first, second = load_policy(result.policy_file), load_policy(again.policy_file)
+    np.testing.assert_array_equal(first.weights, second.weights)
+    other = polish(load_source(run), PolishSettings(steps=40, lr=0.01, particles=32, seed=1, snapshot_every=0),
+                   tmp_path / "other", progress=False)
+    assert not np.array_equal(load_policy(other.policy_file).weights, first.weights)
+
+
+@pytest.mark.parametrize("best", ["start", "middle", "end"])
+def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing_beats_it(run, tmp_path,
+                                                                                          monkeypatch, best):
+    judged: list[np.ndarray] = []
+    built: list[tuple] = []
+    scores = {"start": [0.5, 0.2, 0.3, 0.4], "middle": [0.1, 0.2, 0.6, 0.3], "end": [0.1, 0.2, 0.3, 0.4]}[best]
+
+    def fake_judge(config, model, seeds, seconds):
+        built.append((tuple(seeds), seconds))
+
+        def judge(policy):
+            judged.append(policy.weights.detach().clone().numpy())
+            return scores[len(judged) - 1]
+        return judge
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    source = load_source(run)
+    settings = PolishSettings(steps=30, lr=0.01, particles=16, snapshot_every=10)
+    result = polish(source, settings, tmp_path / "out", progress=False)
+    training = source.config.optimizer
+    assert built == [(tuple(training.snapshot_seeds), training.snapshot_seconds)]   # the training's judge seeds
+    assert len(judged) == 4                                      # the start and steps 10, 20, 30
+    kept = {"start": 0, "middle": 20, "end": 30}[best]
+    report = json.loads((tmp_path / "out" / "polish.json").read_text())
+    assert report["kept_step"] == kept and [s for s, _ in report["snapshots"]] == [0, 10, 20, 30]
+    weights = load_policy(result.policy_file).weights
+    np.testing.assert_allclose(weights, judged[kept // 10], rtol=0, atol=1e-6)
+    if best == "start":                                           # nothing beat it: the policy it was given
+        np.testing.assert_allclose(weights, load_policy(source.policy_file).weights, rtol=0, atol=1e-6)
+    assert load_policy(result.policy_file).metadata["polished"]["steps"] == kept
+
+
+def test_the_default_judge_is_the_protocol_on_the_learners_own_robot(run, tmp_path, monkeypatch):
+    def no_robot(*args, **kwargs):
+        raise AssertionError("polish ran the robot")
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    source = load_source(run)
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2)
+    polish(source, settings, tmp_path / "out", progress=False)
+    report = json.loads((tmp_path / "out" / "polish.json").read_text())
+    assert [s for s, _ in report["snapshots"]] == [0, 2, 4] and report["robot_time_s"] == 0.0
+    assert all(0.0 <= score <= 1.0 for _, score in report["snapshots"])
+    assert report["judge"]["seeds"] == list(source.config.optimizer.snapshot_seeds)
+    start = report["snapshots"][0][1]                                 # the start's score is the protocol's on the
+    judge = protocol_judge(source.config, source.model, source.config.optimizer.snapshot_seeds,   # learner's robot
+                           source.config.optimizer.snapshot_seconds)
+    assert judge(TorchPolicy.from_numpy(load_policy(source.policy_file), torch.float64)) == pytest.approx(start)
+
+
+def test_cli_polishes_the_selected_policy_by_default_and_refuses_bad_input(run, tmp_path, capsys):
+    chosen = tmp_path / "run"
+    shutil.copytree(run, chosen)
+    selected = chosen / "trials" / "trial_002" / "policy.npz"
+    (chosen / "selection.json").write_text(json.dumps({"selected_policy": str(selected)}))
+    assert cli.main(["polish", str(chosen), "--steps", "5", "--particles", "8"]) == 0
+    report = json.loads((chosen / "polish" / "polish.json").read_text())
+    assert report["source_policy"] == str(selected) and report["steps"] == 5
+    assert report["settings"]["lr"] == 0.01                     # not overridden: the run's polish section
+    assert "no robot time" in capsys.readouterr().out
+    explicit = chosen / "trials" / "trial_001" / "policy.npz"
+    assert cli.main(["polish", str(chosen), "--policy", str(explicit), "--steps", "2", "--out",
+                     str(tmp_path / "explicit")]) == 0
+    assert json.loads((tmp_path / "explicit" / "polish.json").read_text())["source_policy"] == str(explicit)
+    assert cli.main(["polish", str(chosen), "--steps", "0"]) == 2
+    assert "steps >= 1" in capsys.readouterr().err
+    assert cli.main(["polish", str(chosen), "--policy", str(tmp_path / "missing.npz")]) == 2
+    assert "no policy file" in capsys.readouterr().err
+    assert cli.main(["polish", str(tmp_path / "nothing")]) == 2
+    acrobot = REPO / "policies" / "acrobot.npz"                 # a policy for the other robot: a clear error
+    assert cli.main(["polish", str(chosen), "--policy", str(acrobot), "--steps", "2"]) == 2
+    assert "acrobot" in capsys.readouterr().err
