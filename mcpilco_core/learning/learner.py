@@ -47,9 +47,8 @@ from .cost import CostSettings, trial_cost
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
-from .optimizer import OptimizationResult, OptimizerSettings, optimize_policy
+from .optimizer import OptimizationResult, OptimizerSettings, PolishSettings, optimize_policy
 from .parallel import PARALLEL_MODES
-from .polish import PolishSettings
 from .torch_policy import TorchPolicy
 
 LOG = logging.getLogger("mcpilco.learner")
