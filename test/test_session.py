@@ -73,6 +73,15 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
     assert (out / "learning_curve.png").stat().st_size > 10_000
     assert json.loads((out / "session.json").read_text())["final_score"] == result["final_score"]
     assert result["friction_compensation"] is False          # the opt-in is reported in session.json too
+    # mcpilco polish reads a session as it reads a run: the newest retrain's model and policy, no robot time
+    from mcpilco_core.learning.polish import PolishSettings, load_source, polish
+
+    source = load_source(out)
+    assert source.policy_file == sorted((out / "retrain" / "policies").glob("policy_*.npz"))[-1]
+    assert source.next_trial == 2 and source.model_from == "model_000.npz"
+    polished = polish(source, PolishSettings(steps=3, particles=8, snapshot_every=0), out / "polish", progress=False)
+    assert polished.optimization.steps == 3
+    assert json.loads((out / "polish" / "polish.json").read_text())["robot_time_s"] == 0.0
 
 
 @pytest.mark.timeout(600)
