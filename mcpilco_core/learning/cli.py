@@ -74,8 +74,12 @@ def register(subparsers) -> None:
                                           "newest GP model: a fixed learning rate, no dropout, more particles, "
                                           "from the start distribution of the run's next trial. Settings: the "
                                           "training config's polish section (defaults 1500 steps, lr 0.001, 400 "
-                                          "particles), the options below override them. Writes OUT/policy.npz, "
-                                          "OUT/polish.json and OUT/polish_curve.png. No robot time.")
+                                          "particles), the options below override them. Every 250 steps the policy "
+                                          "is judged by the protocol simulated on the learner's own robot (the "
+                                          "trials' snapshot judge), the starting policy included, and the best is "
+                                          "kept: when nothing beats the start, the output is the policy given. "
+                                          "Writes OUT/policy.npz, OUT/polish.json and OUT/polish_curve.png. No robot "
+                                          "time.")
     p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
     p.add_argument("--policy", type=Path, default=None,
                    help="policy to polish (default: the selected one, RUN/selection.json, else the newest)")
