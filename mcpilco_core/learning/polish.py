@@ -87,38 +87,24 @@ def load_source(root: str | Path, policy_file: str | Path | None = None) -> Poli
 def _run_source(root: Path) -> PolishSource:
     from .learner import Learner
     from .runs import RunDirectory
+    from .selection import newest_run_model, run_pool
 
     run = RunDirectory(root)
     config = run.load_config()
     trials = run.completed_trials()
     if not trials:
         raise ValueError(f"{root} holds no complete trial")
-    records = [run.load_trial(k, config.robot.robot) for k in trials]
-    if records[-1].model_arrays is None:
-        raise ValueError(f"{root}: its last trial holds no model")
-    learner = Learner(config)
-    learner.restore(records, learner.build_initial_pool())
-    return PolishSource(config, learner.model, learner.pool, trials[-1] + 1, root / "policy.npz",
-                        f"trial {trials[-1]}")
+    model = newest_run_model(run, config, trials[-1], training=True)
+    pool = np.concatenate([Learner(config).build_initial_pool(), run_pool(run, trials)])   # as the run's learner's
+    return PolishSource(config, model, pool, trials[-1] + 1, root / "policy.npz", f"trial {trials[-1]}")
 
 
 def _session_source(root: Path) -> PolishSource:
-    from ..recording import load_sessions
-    from .learner import Learner, load_train_config
-    from .retrain import policy_files, trial_pool_states
+    from .selection import newest_session
 
-    config = load_train_config(root / "retrain" / "train_config.yaml")
-    models = sorted((root / "retrain" / "models").glob("model_*.npz"))
-    policies = sorted((root / "retrain" / "policies").glob("policy_*.npz"))
-    if not models or not policies:
-        raise ValueError(f"{root}/retrain holds no model or no policy yet")
-    model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout)
-    with np.load(models[-1]) as arrays:
-        model.load_arrays({k: arrays[k] for k in arrays.files}, config.device, config.torch_dtype)
-    trials = load_sessions([root / "session"], config.robot).trials
-    pool = np.concatenate([Learner(config).build_initial_pool(),
-                           trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
-    return PolishSource(config, model, pool, len(trials), policies[-1], models[-1].name)
+    session = newest_session(root, training=True)
+    return PolishSource(session.config, session.model, session.pool, len(session.trials), session.policies[-1],
+                        session.models[-1].name)
 
 
 def polish(source: PolishSource, settings: PolishSettings, out: str | Path, progress: bool = True) -> PolishResult:

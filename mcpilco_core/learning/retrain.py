@@ -301,12 +301,9 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
     seconds: a trial's cost at the robot time up to its end, a policy's score at the robot time of the trials it
     learned from (those before it).
     """
-    import matplotlib
+    from ..plotting import pyplot, save_figure
 
-    if matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "cairo"):
-        matplotlib.use("Agg")  # files only: works without a display
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
     timed = bool(rows) and all(r.get("robot_time_s") for r in rows)
     if timed:
@@ -330,7 +327,6 @@ def plot_session_curve(rows: list[dict], path: str | Path, title: str = "") -> P
         if not timed:
             ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-    from ..plotting import save_figure
 
     return save_figure(fig, path, title)
 

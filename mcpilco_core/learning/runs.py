@@ -256,11 +256,9 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ plots
     def plot_learning_curves(self, records: list[TrialRecord]) -> Path:
-        import matplotlib
+        from ..plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         fig, (ax_cost, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
         offset = 0
         ax_judge = None

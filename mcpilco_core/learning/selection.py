@@ -258,11 +258,7 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
     candidates = [k for k in trials if (run.trial_path(k) / "policy.npz").exists()]
     if not candidates:
         raise ValueError(f"{run.root} holds no trial with a policy")
-    newest = run.load_trial(trials[-1], config.robot.robot)
-    if newest.model_arrays is None:
-        raise ValueError(f"{run.root}: its last trial holds no model")
-    model = DynamicsModel(config.model_robot, config.gp)
-    model.load_arrays(newest.model_arrays, "cpu", torch.float64)
+    model = newest_run_model(run, config, trials[-1])
     files = {k: run.trial_path(k) / "policy.npz" for k in candidates}   # the trials' data and models are not needed
     choose_learner_robot(model, config, protocol, lambda: run_state_recordings(run.root)[1])
     return _rank(run.root, trials[-1], model, files, config, run_pool(run, trials), particles, horizon, seed, check,
@@ -276,6 +272,47 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the pool a retrain
     grows (:func:`retrain.trial_pool_states`: the states the session's windows handed over and those each trial's
     policy meets on the learner's model; no robot time), as the offline run's pool."""
+    session = newest_session(root)
+    config, trials = session.config, session.trials
+    files = {int(path.name.split("_")[1]) + 1: path for path in session.policies}
+    choose_learner_robot(session.model, config, protocol, lambda: [t.states for t in trials])   # the bags read above
+    return _rank(Path(root), len(session.models), session.model, files, config, session.pool, particles, horizon,
+                 seed, check, protocol)
+
+
+def _model_from_arrays(config, arrays: dict, training: bool) -> DynamicsModel:
+    """A model from saved arrays: in float64 on the CPU for ranking (``training`` False), or as the training config
+    runs its rollouts (device, dtype, rollout mode) for optimising further (``mcpilco polish``)."""
+    model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout if training else "fused")
+    model.load_arrays(arrays, *((config.device, config.torch_dtype) if training else ("cpu", torch.float64)))
+    return model
+
+
+def newest_run_model(run: RunDirectory, config, trial: int, training: bool = False) -> DynamicsModel:
+    """The model an offline run's trial ``trial`` (its newest) holds (:func:`_model_from_arrays`); only that trial
+    is read."""
+    newest = run.load_trial(trial, config.robot.robot)
+    if newest.model_arrays is None:
+        raise ValueError(f"{run.root}: its last trial holds no model")
+    return _model_from_arrays(config, newest.model_arrays, training)
+
+
+@dataclass
+class NewestSession:
+    """What a ``mcpilco session`` output holds for choosing and polishing: its training config, its newest model,
+    every retrain's model and policy file, its trials (read from the bags) and the particles' start pool (the
+    learner's initial pool and what each trial's policy met, as a retrain grows it)."""
+
+    config: object
+    model: DynamicsModel
+    models: list[Path]
+    policies: list[Path]
+    trials: list
+    pool: np.ndarray
+
+
+def newest_session(root: str | Path, training: bool = False) -> NewestSession:
+    """A session's newest model (:func:`_model_from_arrays`), its policies, trials and pool (:class:`NewestSession`)."""
     from ..recording import load_sessions
     from .learner import Learner, load_train_config
     from .retrain import policy_files, trial_pool_states
@@ -286,15 +323,12 @@ def select_session_policy(root: str | Path, particles: int = 600, horizon: float
     policies = sorted((root / "retrain" / "policies").glob("policy_*.npz"))
     if not models or not policies:
         raise ValueError(f"{root}/retrain holds no model or no policy yet")
-    model = DynamicsModel(config.model_robot, config.gp)
     with np.load(models[-1]) as arrays:
-        model.load_arrays({k: arrays[k] for k in arrays.files}, "cpu", torch.float64)
+        model = _model_from_arrays(config, {k: arrays[k] for k in arrays.files}, training)
     trials = load_sessions([root / "session"], config.robot).trials
     pool = np.concatenate([Learner(config).build_initial_pool(),
                            trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
-    files = {int(path.name.split("_")[1]) + 1: path for path in policies}
-    choose_learner_robot(model, config, protocol, lambda: [t.states for t in trials])   # the bags read above
-    return _rank(root, len(models), model, files, config, pool, particles, horizon, seed, check, protocol)
+    return NewestSession(config, model, models, policies, trials, pool)
 
 
 def choose_learner_robot(model: DynamicsModel, config, protocol: ModelProtocol | None, recordings) -> None:
