@@ -178,10 +178,11 @@ def test_cross_process_pty_and_signals_stop_both(tmp_path: Path, ros: Callable, 
     with FdcanusbPtyEmulator(bus) as emulator:
         bus.motor(1).inject_fault(33)                      # latched from "before": cleared by the startup stop
         # generous timeouts: the node process shares two cores with other test runs (the timeout paths
-        # themselves are tested in-process in test_moteus_driver.py)
+        # themselves are tested in-process in test_moteus_driver.py;
+        # the motors' watchdog is the longest the config allows: see the end-to-end test below)
         path = params_file(tmp_path, "pendubot", f"      kind: fdcanusb\n      path: {emulator.path}\n"
                                                  "      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
-                           watchdog=0.5)
+                           watchdog=1.0)
         proc = _start_node(path)
         try:
             _, probe = ros()
@@ -202,6 +203,19 @@ def test_cross_process_pty_and_signals_stop_both(tmp_path: Path, ros: Callable, 
                 proc.communicate()
 
 
+def rig_report(bus, probe: Probe) -> str:
+    """What the emulated motors and the nodes' diagnostics last said: the message of a failed wait, so a failure
+    on a loaded CI machine says whether the driver latched a stop (e.g. a motor watchdog timeout after a stall)."""
+    lines = ["motors: " + ", ".join(f"id {m.can_id} mode {m.mode} fault {m.fault} torque {m.torque:.3f}"
+                                     for m in bus.motors) + f"; frames handled {bus.frames_handled}"]
+    latest: dict[str, str] = {}
+    for array in probe.diagnostics:
+        for st in array.status:
+            values = ", ".join(f"{kv.key}={kv.value}" for kv in st.values)
+            latest[st.name] = f"{st.name}: {st.message} [{values}]"
+    return "\n".join(lines + list(latest.values()))
+
+
 @pytest.mark.timeout(80)
 def test_end_to_end_lqr_balances_through_emulated_hardware(tmp_path: Path, ros: Callable) -> None:
     """controller_node (LQR) -> joint_commands -> moteus_driver_node -> fdcanusb pty -> emulated moteus + plant."""
@@ -213,23 +227,31 @@ def test_end_to_end_lqr_balances_through_emulated_hardware(tmp_path: Path, ros: 
                     time_scale=0.25)
     with FdcanusbPtyEmulator(bus) as emulator:
         # three Python processes share this machine's two cores (with other test runs): generous timeouts, so a
-        # scheduling stall is not mistaken for a dead driver (the safety tests cover the tight values)
+        # scheduling stall is not mistaken for a dead driver (the safety tests cover the tight values). The
+        # motors' watchdog is the longest the driver config allows: a driver process stalled longer than it
+        # puts the shoulder in mode 11, and the driver latches a stop (as on the robot) that no command lifts.
         path = params_file(tmp_path, "pendubot", f"      kind: fdcanusb\n      path: {emulator.path}\n"
                                                  "      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
-                           watchdog=0.5)
-        driver = _start_node(path)
+                           watchdog=1.0)
+        # the controller first, and the driver once it is up: their start-ups (imports, discovery) do not
+        # compete for the cores while the driver's watchdog runs
         controller = _start_node(CONFIG / "pendubot.yaml", "mcpilco_ros.controller_node")
+        driver = None
         try:
             _, probe = ros()
             enable = probe.node.create_client(SetBool, "/controller_node/enable")
-            assert enable.wait_for_service(timeout_sec=20.0), "controller_node did not come up"
-            wait_for(lambda: len(probe.states) > 10, timeout=20, what="joint_states from the driver process")
-            future = enable.call_async(SetBool.Request(data=True))     # arm the controller, as on the robot
-            wait_for(future.done, what="~/enable answer")
-            assert future.result().success
-            wait_for(lambda: not bus.rig.hold, timeout=30, what="the controller's first torque")
-            t_release = bus.rig.t
-            wait_for(lambda: bus.rig.t - t_release > 2.5, timeout=30, what="2.5 s (simulated) of balancing")
+            assert enable.wait_for_service(timeout_sec=30.0), "controller_node did not come up"
+            driver = _start_node(path)
+            try:
+                wait_for(lambda: len(probe.states) > 10, timeout=20, what="joint_states from the driver process")
+                future = enable.call_async(SetBool.Request(data=True))     # arm the controller, as on the robot
+                wait_for(future.done, what="~/enable answer")
+                assert future.result().success
+                wait_for(lambda: not bus.rig.hold, timeout=30, what="the controller's first torque")
+                t_release = bus.rig.t
+                wait_for(lambda: bus.rig.t - t_release > 2.5, timeout=30, what="2.5 s (simulated) of balancing")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{rig_report(bus, probe)}") from None
             history = [(t, x) for t, x, _ in list(bus.rig.history) if t > t_release + 1.0]
             xs = np.array([x for _, x in history])
             assert len(xs) > 500
@@ -239,9 +261,10 @@ def test_end_to_end_lqr_balances_through_emulated_hardware(tmp_path: Path, ros: 
             assert bus.rig.passive_torque_peak == 0.0 and bus.motor(2).mode == 0
             assert driver.poll() is None and controller.poll() is None
         finally:
-            for proc in (controller, driver):
+            procs = [p for p in (controller, driver) if p is not None]
+            for proc in procs:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)
-            outs = [proc.communicate(timeout=10)[0] for proc in (controller, driver)]
+            outs = [proc.communicate(timeout=10)[0] for proc in procs]
         assert driver.returncode == 0, outs[1]
         assert bus.motor(1).mode == 0
