@@ -406,6 +406,36 @@ def test_catch_model_weights_each_state_by_the_chance_the_lqr_has_not_caught_yet
         CostSettings(catch_v50=1.0, roa_metric=((1.0,),), catch_sharpness=0.0)
 
 
+def test_height_term_is_the_scores_line_on_the_controllers_own_links(tmp_path):
+    """cost.height_weight w: c = (c_seed + w sigma((line - h) / scale)) / (1 + w), h the end effector's height."""
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ncost: {{height_weight: 2.0, height_scale: 0.01}}\n")
+    settings = load_train_config(path).cost
+    plant = load_train_config(path).robot.plant
+    assert settings.link_lengths == (plant.l[0], plant.l[1])
+    assert settings.height_line == pytest.approx(0.9 * (plant.l[0] + plant.l[1]))
+    states = torch.tensor([[0.0, 0.0, 0.0, 0.0], [math.pi, 0.0, 0.0, 0.0], [math.pi - 0.3, 0.3, 0.0, 0.0],
+                           [math.pi - 0.9, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    l1, l2 = settings.link_lengths
+    height = -l1 * torch.cos(states[:, 0]) - l2 * torch.cos(states[:, 0] + states[:, 1])
+    below = torch.sigmoid((settings.height_line - height) / 0.01)
+    expected = (saturated_cost(states, CostSettings()) + 2.0 * below) / 3.0
+    assert torch.allclose(saturated_cost(states, settings), expected, rtol=1e-12)
+    assert float(below[0]) > 0.999 and float(below[1]) < 0.01          # hanging: below; upright: above the line
+    assert float(below[2]) < 0.5 < float(below[3])                     # tilted with the tip up: above; 0.9 rad: below
+    # off by default: configs without it keep the seed's cost exactly
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\n")
+    assert load_train_config(path).cost == CostSettings()
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ncost: {{height_weight: -1}}\n")
+    with pytest.raises(ConfigError, match="cost.height_weight"):
+        load_train_config(path)
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ncost: {{height_weight: 1, height_scale: 0}}\n")
+    with pytest.raises(ConfigError, match="cost.height_scale"):
+        load_train_config(path)
+    with pytest.raises(ValueError, match="link_lengths"):
+        CostSettings(height_weight=1.0)
+
+
 def test_velocity_term_makes_passing_the_top_fast_costly(tmp_path):
     settings = CostSettings(velocity_lengthscales=(12.0, 6.0))
     at_rest_on_top = torch.tensor([[math.pi, 0.0, 0.0, 0.0]], dtype=torch.float64)

@@ -56,7 +56,9 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     path.write_text(yaml.safe_dump(base))
     assert load_train_config(path).polish == PolishSettings()           # defaults: 1500 steps, lr 0.001, 400
     for bad, field in (({"steps": 0}, "polish.steps"), ({"lr": -1.0}, "polish.lr"),
-                       ({"particles": 0}, "polish.particles"), ({"dropout": 0.1}, "polish")):
+                       ({"particles": 0}, "polish.particles"), ({"dropout": 0.1}, "polish"),
+                       ({"height_weight": -1.0}, "polish.height_weight"),
+                       ({"height_scale": 0.0}, "polish.height_scale")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -86,7 +88,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     assert model_cost(source, result.policy_file) < model_cost(source, source.policy_file)
     report = json.loads((tmp_path / "out" / "polish.json").read_text())
     assert report["robot_time_s"] == 0.0 and report["steps"] == 40 and len(report["cost"]) == 40
-    assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0}
+    assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
+                                  "height_weight": 0.0, "height_scale": 0.02}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -173,3 +176,29 @@ def test_cli_polishes_the_selected_policy_by_default_and_refuses_bad_input(run, 
     acrobot = REPO / "policies" / "acrobot.npz"                 # a policy for the other robot: a clear error
     assert cli.main(["polish", str(chosen), "--policy", str(acrobot), "--steps", "2"]) == 2
     assert "acrobot" in capsys.readouterr().err
+
+
+def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run, tmp_path, monkeypatch):
+    """polish.height_weight / --height-weight: the training cost plus the below-the-line term; 0 leaves it as it is."""
+    source = load_source(run)
+    assert polish_module.polish_cost(source.config, PolishSettings()) == source.config.cost
+    cost = polish_module.polish_cost(source.config, PolishSettings(height_weight=2.0, height_scale=0.05))
+    plant = source.config.robot.plant
+    assert cost.height_weight == 2.0 and cost.height_scale == 0.05
+    assert cost.link_lengths == (plant.l[0], plant.l[1]) and cost.height_line == pytest.approx(0.9 * sum(plant.l))
+    assert cost.lengthscales == source.config.cost.lengthscales      # the rest is the training cost
+    used: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(*args, **kwargs):
+        used.append(args[5])
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--height-weight", "2",
+                     "--out", str(tmp_path / "h")]) == 0
+    assert used[-1].height_weight == 2.0 and used[-1].height_line == pytest.approx(0.9 * sum(plant.l))
+    report = json.loads((tmp_path / "h" / "polish.json").read_text())
+    assert report["settings"]["height_weight"] == 2.0
+    assert load_policy(tmp_path / "h" / "policy.npz").metadata["polished"]["settings"]["height_weight"] == 2.0
+    assert cli.main(["polish", str(run), "--height-weight", "-1"]) == 2

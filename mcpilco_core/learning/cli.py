@@ -88,6 +88,10 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--particles", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed of the particles' starts and noise")
+    p.add_argument("--height-weight", type=float, default=None,
+                   help="weight of the below-the-line term added to the training cost (the protocol's score line; "
+                        "0: the training cost as it is)")
+    p.add_argument("--height-scale", type=float, default=None, help="m, width of that term's step at the line")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -201,12 +205,14 @@ def _run_polish(args: argparse.Namespace) -> int:
     try:
         source = load_source(args.run, args.policy)
         settings = settings_with(source.config.polish, steps=args.steps, lr=args.lr, particles=args.particles,
-                                 seed=args.seed)
+                                 seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale)
     except (RunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"polishing {source.policy_file} on the model of {source.model_from}: {settings.steps} steps, lr "
-          f"{settings.lr:g}, {settings.particles} particles, no dropout (no robot time)")
+          f"{settings.lr:g}, {settings.particles} particles, no dropout"
+          + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
+          + " (no robot time)")
     result = polish(source, settings, args.out or args.run / "polish", progress=source.config.progress)
     print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "
           f"({result.optimization.wall_time:.0f} s): {result.policy_file}")

@@ -36,6 +36,15 @@ particle has not been caught yet, s_t = prod_{k <= t} (1 - h(x_k)):
 Unlike the additive ``roa_weight`` term (which rewards touching the basin for one step, after which the policy,
 which cannot balance there, lets the particle fall through and pays for it), this rewards *arriving* where the
 LQR catches, as the supervisor on the robot does: a caught particle costs nothing for the rest of the horizon.
+
+Optionally (``height_weight`` w > 0) a term that is the protocol's own score: the score counts the time the end
+effector is above the line 0.9 (l1 + l2), so with h(x) = -l1 cos q1 - l2 cos(q1 + q2) (m; the controller's own
+plant's link lengths) and the smooth step sigma((line - h) / ``height_scale``),
+
+    c(x) = ( c_seed(x) + w sigma((line - h(x)) / scale) ) / (1 + w)
+
+The seed's broad distance gives the gradient far from the top (the step is flat there); the step tells the optimiser
+exactly where the score starts counting: a state with the tip just above the line scores like the upright.
 """
 
 from __future__ import annotations
@@ -58,6 +67,10 @@ class CostSettings:
     roa_rho: float = 1.0                                        # s * rho: the ROA level times roa_scale
     catch_v50: float = 0.0            # V at which the LQR catches half of the time (0: no catch model)
     catch_sharpness: float = 2.0      # k of the catch probability 1 / (1 + (V / V50)^k)
+    height_weight: float = 0.0        # w of the below-the-line term (0: off)
+    height_scale: float = 0.02        # m, width of its smooth step at the line
+    link_lengths: tuple[float, float] = (0.0, 0.0)    # m, l1 and l2 of the controller's own plant
+    height_line: float = 0.0          # m, the score's line above the shoulder (0.9 (l1 + l2))
 
     def __post_init__(self) -> None:
         if self.roa_weight < 0:
@@ -72,6 +85,12 @@ class CostSettings:
             raise ValueError("catch_sharpness must be > 0")
         if not self.roa_rho > 0:
             raise ValueError("roa_rho must be > 0")
+        if not (self.height_weight >= 0 and math.isfinite(self.height_weight)):
+            raise ValueError("height_weight must be >= 0 and finite")
+        if self.height_weight > 0 and not (self.height_scale > 0 and min(self.link_lengths) > 0
+                                           and 0 < self.height_line < sum(self.link_lengths)):
+            raise ValueError("height_weight > 0 needs height_scale > 0, link_lengths > 0 and a line between 0 "
+                             "and l1 + l2")
 
 
 def wrap(angle: torch.Tensor) -> torch.Tensor:
@@ -91,7 +110,17 @@ def saturated_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor
     cost = 1.0 - torch.exp(-exponent)
     if settings.roa_weight > 0:
         cost = (cost + settings.roa_weight * roa_cost(states, settings)) / (1.0 + settings.roa_weight)
+    if settings.height_weight > 0:
+        cost = (cost + settings.height_weight * below_line_cost(states, settings)) / (1.0 + settings.height_weight)
     return cost
+
+
+def below_line_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
+    """sigma((line - h(x)) / scale) for states (..., 4): about 1 below the score's line, 0 above it, a smooth step of
+    width ``height_scale`` between; h = -l1 cos q1 - l2 cos(q1 + q2) the end effector's height (m)."""
+    l1, l2 = settings.link_lengths
+    height = -l1 * torch.cos(states[..., 0]) - l2 * torch.cos(states[..., 0] + states[..., 1])
+    return torch.sigmoid((settings.height_line - height) / settings.height_scale)
 
 
 def lqr_cost_to_go(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:

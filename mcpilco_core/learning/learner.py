@@ -39,6 +39,7 @@ from ..config import (
     read_yaml,
 )
 from ..control.exploration import ExplorationController, SupervisedExploration, trial_rng
+from ..plant import EE_THRESHOLD_FRACTION
 from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
@@ -350,7 +351,7 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
     r.reject_unknown(["lengthscales", "velocity_lengthscales", "roa_weight", "roa_scale", "catch_level",
-                      "catch_sharpness"])
+                      "catch_sharpness", "height_weight", "height_scale"])
     velocity = r.vector("velocity_lengthscales", 2, positive=True) if r.has("velocity_lengthscales") else None
     weight = r.number("roa_weight", 0.0, nonnegative=True)
     scale = r.number("roa_scale", 1.0, positive=True)
@@ -367,10 +368,14 @@ def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
         rho = supervisor.rho * robot.roa.enter_fraction * scale
         v50 = supervisor.rho * catch_level
         metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
+    height_weight = r.number("height_weight", 0.0, nonnegative=True)
+    lengths = (float(robot.plant.l[0]), float(robot.plant.l[1])) if height_weight > 0 else (0.0, 0.0)
     return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
                         roa_rho=float(rho), catch_v50=float(v50),
-                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True))  # type: ignore[arg-type]
+                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True),  # type: ignore[arg-type]
+                        height_weight=height_weight, height_scale=r.number("height_scale", 0.02, positive=True),
+                        link_lengths=lengths, height_line=EE_THRESHOLD_FRACTION * sum(lengths))
 
 
 def _polish_settings(r: ConfigReader) -> PolishSettings:
@@ -379,7 +384,9 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
     return PolishSettings(steps=r.integer("steps", d.steps, minimum=1), lr=r.number("lr", d.lr, positive=True),
                           particles=r.integer("particles", d.particles, minimum=1),
                           seed=r.integer("seed", d.seed, minimum=0),
-                          snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0))
+                          snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
+                          height_weight=r.number("height_weight", d.height_weight, nonnegative=True),
+                          height_scale=r.number("height_scale", d.height_scale, positive=True))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -75,7 +75,9 @@ class OptimizerSettings:
 class PolishSettings:
     """steps: Adam steps (a fixed count); lr: the fixed learning rate; particles per step; seed of the particles'
     starts and noise (with the training seed); snapshot_every: steps between judged snapshots (0: keep the last
-    step). No dropout: the polish tunes the policy that runs on the robot, every basis function on.
+    step); height_weight, height_scale (m): the below-the-line term added to the training cost for the polish
+    (``cost.height_weight``, mcpilco_core/learning/cost.py; 0: the training cost as it is). No dropout: the polish
+    tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
     simulated on the learner's own robot, no robot time), the starting policy included: the polish keeps the best,
@@ -88,8 +90,14 @@ class PolishSettings:
     particles: int = 400
     seed: int = 0
     snapshot_every: int = 250
+    height_weight: float = 0.0
+    height_scale: float = 0.02
 
     def __post_init__(self) -> None:
+        if not (self.height_weight >= 0 and np.isfinite(self.height_weight) and self.height_scale > 0
+                and np.isfinite(self.height_scale)):
+            raise ValueError(f"polish: need height_weight >= 0 and height_scale > 0, finite (got "
+                             f"{self.height_weight}, {self.height_scale})")
         if self.steps < 1 or self.particles < 1 or self.seed < 0 or self.snapshot_every < 0:
             raise ValueError(f"polish: need steps >= 1, particles >= 1, seed >= 0 and snapshot_every >= 0 (got "
                              f"{self.steps}, {self.particles}, {self.seed}, {self.snapshot_every})")

@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..plant import EE_THRESHOLD_FRACTION
 from ..policy import load_policy, save_policy
+from .cost import CostSettings
 from .model import DynamicsModel
 from .optimizer import OptimizationResult, PolishSettings, optimize_policy
 from .protocol import protocol_judge
@@ -125,8 +127,9 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     optimizer = settings.optimizer(config.optimizer)
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
              if settings.snapshot_every > 0 else None)
+    cost = polish_cost(config, settings)
     start = time.perf_counter()
-    result = optimize_policy(policy, source.model, sampler, settings.particles, config.horizon_steps, config.cost,
+    result = optimize_policy(policy, source.model, sampler, settings.particles, config.horizon_steps, cost,
                              optimizer, settings.steps, generator, progress, description="polish",
                              particle_threads=config.particle_threads,
                              particle_processes=config.parallel == "processes", judge=judge)
@@ -157,6 +160,16 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
              f" (judge {result.kept_score:.3f}, start {result.snapshots[0][1]:.3f})" if result.snapshots else "",
              policy_file)
     return PolishResult(out, policy_file, result, before, after)
+
+
+def polish_cost(config, settings: PolishSettings) -> CostSettings:
+    """The training cost, with the below-the-line term of ``settings.height_weight`` (the score's line of the
+    controller's own plant) when that is > 0."""
+    if settings.height_weight <= 0:
+        return config.cost
+    lengths = (float(config.robot.plant.l[0]), float(config.robot.plant.l[1]))
+    return replace(config.cost, height_weight=settings.height_weight, height_scale=settings.height_scale,
+                   link_lengths=lengths, height_line=EE_THRESHOLD_FRACTION * sum(lengths))
 
 
 def _plot(costs: np.ndarray, snapshots: list, kept: int, path: Path, title: str) -> Path:
