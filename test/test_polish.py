@@ -89,7 +89,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     report = json.loads((tmp_path / "out" / "polish.json").read_text())
     assert report["robot_time_s"] == 0.0 and report["steps"] == 40 and len(report["cost"]) == 40
     assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
-                                  "height_weight": 0.0, "height_scale": 0.02}
+                                  "height_weight": 0.0, "height_scale": 0.02, "candidates": 1}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -202,3 +202,42 @@ def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run,
     assert report["settings"]["height_weight"] == 2.0
     assert load_policy(tmp_path / "h" / "policy.npz").metadata["polished"]["settings"]["height_weight"] == 2.0
     assert cli.main(["polish", str(run), "--height-weight", "-1"]) == 2
+
+
+def test_several_candidates_are_polished_and_the_best_judged_is_kept(run, tmp_path, monkeypatch, capsys):
+    """polish.candidates / --candidates K: the selected policy and the next best of the ranking, each polished, the
+    one whose kept snapshot the judge scores highest is the output."""
+    chosen = tmp_path / "run"
+    shutil.copytree(run, chosen)
+    with pytest.raises(ValueError, match="mcpilco select"):                    # no selection yet
+        polish_module.candidate_policies(chosen, 2)
+    (chosen / "selection.json").write_text(json.dumps({"selected_trial": 2, "ranking": [3, 2, 1], "selected_policy":
+                                                       str(chosen / "trials" / "trial_002" / "policy.npz")}))
+    files = polish_module.candidate_policies(chosen, 2)
+    assert files == [chosen / "trials" / "trial_002" / "policy.npz", chosen / "trials" / "trial_003" / "policy.npz"]
+    assert len(polish_module.candidate_policies(chosen, 10)) == 3                # as many as were ranked
+    scores = iter([0.1, 0.2, 0.15, 0.3, 0.5, 0.4])                               # candidate 1 wins at step 2
+
+    def fake_judge(config, model, seeds, seconds):
+        return lambda policy: next(scores)
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    source = load_source(chosen)
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, candidates=2)
+    result = polish_module.polish_candidates(source, settings, files, tmp_path / "out", progress=False)
+    out = tmp_path / "out"
+    assert result.policy_file == out / "policy.npz"
+    assert (out / "policy.npz").read_bytes() == (out / "candidate_1" / "policy.npz").read_bytes()
+    report = json.loads((out / "polish.json").read_text())
+    assert report["chosen_candidate"] == 1 and report["source_policy"] == str(files[1]) and report["kept_step"] == 2
+    assert [(c["policy"], c["kept_step"], c["judge"]) for c in report["candidates"]] == [
+        (str(files[0]), 2, 0.2), (str(files[1]), 2, 0.5)]
+    assert load_policy(out / "policy.npz").metadata["polished"]["from"] == str(files[1])
+    # bad combinations: named errors, nothing polished
+    assert cli.main(["polish", str(chosen), "--candidates", "2"]) == 2            # the run's polish: no snapshots
+    assert "snapshot_every" in capsys.readouterr().err
+    assert cli.main(["polish", str(chosen), "--candidates", "2", "--policy", str(files[0])]) == 2
+    assert cli.main(["polish", str(chosen), "--candidates", "0"]) == 2
+    (chosen / "selection.json").write_text(json.dumps({"selected_trial": 7, "ranking": [7]}))
+    with pytest.raises(ValueError, match="no policy file for trial 7"):
+        polish_module.candidate_policies(chosen, 2)

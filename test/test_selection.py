@@ -81,6 +81,7 @@ def test_cli_select_writes_the_table_and_exports_the_chosen_policy(run, tmp_path
     assert report["robot_time_s"] == 0.0 and set(report["costs"]) == {"1", "2", "3"}
     assert report["ranked_by"] == "protocol on the model" and report["ranking"][0] == chosen
     assert set(report["protocol_on_model"]["scores"]) == {"1", "2", "3"}
+    assert report["policies"] == {str(k): str(run / "trials" / f"trial_{k:03d}" / "policy.npz") for k in (1, 2, 3)}
     assert out.read_bytes() == (run / "trials" / f"trial_{chosen:03d}" / "policy.npz").read_bytes()
     assert "<- selected" in capsys.readouterr().out
     assert cli.main(["select", str(run), "--particles", "0"]) == 2

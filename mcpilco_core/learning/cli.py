@@ -92,6 +92,9 @@ def register(subparsers) -> None:
                    help="weight of the below-the-line term added to the training cost (the protocol's score line; "
                         "0: the training cost as it is)")
     p.add_argument("--height-scale", type=float, default=None, help="m, width of that term's step at the line")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="polish the selected policy and the next best of mcpilco select's ranking, this many in all "
+                        "(each in OUT/candidate_K), and keep the one the judge scores highest")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -198,14 +201,18 @@ def _run_select(args: argparse.Namespace) -> int:
 
 
 def _run_polish(args: argparse.Namespace) -> int:
-    from .polish import load_source, polish, settings_with
+    from .polish import candidate_policies, load_source, polish, polish_candidates, settings_with
     from .runs import RunError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         source = load_source(args.run, args.policy)
         settings = settings_with(source.config.polish, steps=args.steps, lr=args.lr, particles=args.particles,
-                                 seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale)
+                                 seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale,
+                                 candidates=args.candidates)
+        if settings.candidates > 1 and args.policy is not None:
+            raise ValueError("--policy names one policy: it cannot be combined with several candidates")
+        files = candidate_policies(args.run, settings.candidates) if settings.candidates > 1 else []
     except (RunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -213,7 +220,12 @@ def _run_polish(args: argparse.Namespace) -> int:
           f"{settings.lr:g}, {settings.particles} particles, no dropout"
           + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
           + " (no robot time)")
-    result = polish(source, settings, args.out or args.run / "polish", progress=source.config.progress)
+    out = args.out or args.run / "polish"
+    if files:
+        print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))
+        result = polish_candidates(source, settings, files, out, progress=source.config.progress)
+    else:
+        result = polish(source, settings, out, progress=source.config.progress)
     print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "
           f"({result.optimization.wall_time:.0f} s): {result.policy_file}")
     return 0

@@ -386,7 +386,8 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           seed=r.integer("seed", d.seed, minimum=0),
                           snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
                           height_weight=r.number("height_weight", d.height_weight, nonnegative=True),
-                          height_scale=r.number("height_scale", d.height_scale, positive=True))
+                          height_scale=r.number("height_scale", d.height_scale, positive=True),
+                          candidates=r.integer("candidates", d.candidates, minimum=1))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -76,8 +76,9 @@ class PolishSettings:
     """steps: Adam steps (a fixed count); lr: the fixed learning rate; particles per step; seed of the particles'
     starts and noise (with the training seed); snapshot_every: steps between judged snapshots (0: keep the last
     step); height_weight, height_scale (m): the below-the-line term added to the training cost for the polish
-    (``cost.height_weight``, mcpilco_core/learning/cost.py; 0: the training cost as it is). No dropout: the polish
-    tunes the policy that runs on the robot, every basis function on.
+    (``cost.height_weight``, mcpilco_core/learning/cost.py; 0: the training cost as it is); candidates: how many
+    policies of the choice's ranking are polished (the selected one and the next best), the best judged kept. No
+    dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
     simulated on the learner's own robot, no robot time), the starting policy included: the polish keeps the best,
@@ -92,8 +93,12 @@ class PolishSettings:
     snapshot_every: int = 250
     height_weight: float = 0.0
     height_scale: float = 0.02
+    candidates: int = 1
 
     def __post_init__(self) -> None:
+        if self.candidates < 1 or (self.candidates > 1 and self.snapshot_every < 1):
+            raise ValueError(f"polish: need candidates >= 1, and snapshot_every >= 1 to compare several (got "
+                             f"{self.candidates}, {self.snapshot_every})")
         if not (self.height_weight >= 0 and np.isfinite(self.height_weight) and self.height_scale > 0
                 and np.isfinite(self.height_scale)):
             raise ValueError(f"polish: need height_weight >= 0 and height_scale > 0, finite (got "

@@ -171,7 +171,8 @@ class Selection:
                 "horizon_s": self.horizon, "seed": self.seed, "robot_time_s": self.robot_time,
                 "ranked_by": "protocol on the model" if self.protocol_scores else "model cost",
                 "costs": {str(k): v for k, v in self.costs.items()}, "protocol_on_model": protocol,
-                "ranking": self.ranked(), "robot_check": check,
+                "ranking": self.ranked(), "policies": {str(k): str(v) for k, v in self.files.items()},
+                "robot_check": check,
                 "selected_trial": self.best, "selected_policy": self.files.get(self.best, "")}
 
 
