@@ -50,9 +50,12 @@ exactly where the score starts counting: a state with the tip just above the lin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
+
+from ..plant import EE_THRESHOLD_FRACTION
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,18 @@ def saturated_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor
     if settings.height_weight > 0:
         cost = (cost + settings.height_weight * below_line_cost(states, settings)) / (1.0 + settings.height_weight)
     return cost
+
+
+def with_height_term(settings: CostSettings, weight: float, scale: float,
+                     link_lengths: Sequence[float]) -> CostSettings:
+    """``settings`` with the below-the-line term of weight ``weight`` and step width ``scale`` (m) on the links
+    ``link_lengths`` (m, l1 and l2 of the controller's own plant; the line is the score's, 0.9 (l1 + l2)); weight 0:
+    ``settings`` as they are."""
+    if weight <= 0:
+        return settings
+    lengths = (float(link_lengths[0]), float(link_lengths[1]))
+    return replace(settings, height_weight=float(weight), height_scale=float(scale), link_lengths=lengths,
+                   height_line=EE_THRESHOLD_FRACTION * sum(lengths))
 
 
 def below_line_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:

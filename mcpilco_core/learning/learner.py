@@ -39,12 +39,11 @@ from ..config import (
     read_yaml,
 )
 from ..control.exploration import ExplorationController, SupervisedExploration, trial_rng
-from ..plant import EE_THRESHOLD_FRACTION
 from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
 from .compile import fresh_compilation
-from .cost import CostSettings, trial_cost
+from .cost import CostSettings, trial_cost, with_height_term
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
@@ -368,14 +367,12 @@ def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
         rho = supervisor.rho * robot.roa.enter_fraction * scale
         v50 = supervisor.rho * catch_level
         metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
-    height_weight = r.number("height_weight", 0.0, nonnegative=True)
-    lengths = (float(robot.plant.l[0]), float(robot.plant.l[1])) if height_weight > 0 else (0.0, 0.0)
-    return CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
+    cost = CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
                         roa_rho=float(rho), catch_v50=float(v50),
-                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True),  # type: ignore[arg-type]
-                        height_weight=height_weight, height_scale=r.number("height_scale", 0.02, positive=True),
-                        link_lengths=lengths, height_line=EE_THRESHOLD_FRACTION * sum(lengths))
+                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True))  # type: ignore[arg-type]
+    return with_height_term(cost, r.number("height_weight", 0.0, nonnegative=True),
+                            r.number("height_scale", 0.02, positive=True), robot.plant.l)
 
 
 def _polish_settings(r: ConfigReader) -> PolishSettings:

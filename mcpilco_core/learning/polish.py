@@ -36,9 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..plant import EE_THRESHOLD_FRACTION
 from ..policy import load_policy, save_policy
-from .cost import CostSettings
+from .cost import CostSettings, with_height_term
 from .model import DynamicsModel
 from .optimizer import OptimizationResult, PolishSettings, optimize_policy
 from .protocol import protocol_judge
@@ -68,6 +67,7 @@ class PolishResult:
     optimization: OptimizationResult
     cost_before: float
     cost_after: float
+    kept_step: int
 
 
 def load_source(root: str | Path, policy_file: str | Path | None = None) -> PolishSource:
@@ -161,7 +161,7 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
              result.steps, summary["wall_time_s"], kept,
              f" (judge {result.kept_score:.3f}, start {result.snapshots[0][1]:.3f})" if result.snapshots else "",
              policy_file)
-    return PolishResult(out, policy_file, result, before, after)
+    return PolishResult(out, policy_file, result, before, after, kept)
 
 
 def candidate_policies(root: str | Path, count: int) -> list[Path]:
@@ -203,24 +203,19 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
     for name in ("policy.npz", "polish_curve.png"):
         shutil.copyfile(chosen.out / name, out / name)
     summary = json.loads((chosen.out / "polish.json").read_text())
-    kept = [json.loads((r.out / "polish.json").read_text())["kept_step"] for r in results]
-    summary["candidates"] = [{"policy": str(f), "kept_step": step, "judge": score, "folder": str(r.out)}
-                             for f, r, step, score in zip(files, results, kept, scores)]
+    summary["candidates"] = [{"policy": str(f), "kept_step": r.kept_step, "judge": score, "folder": str(r.out)}
+                             for f, r, score in zip(files, results, scores)]
     summary["chosen_candidate"], summary["policy"] = best, str(out / "policy.npz")
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     LOG.info("polish: kept candidate %d (%s, judge %.3f; the others %s)", best, files[best], scores[best],
              ", ".join(f"{s:.3f}" for s in scores))
-    return PolishResult(out, out / "policy.npz", chosen.optimization, chosen.cost_before, chosen.cost_after)
+    return replace(chosen, out=out, policy_file=out / "policy.npz")
 
 
 def polish_cost(config, settings: PolishSettings) -> CostSettings:
     """The training cost, with the below-the-line term of ``settings.height_weight`` (the score's line of the
     controller's own plant) when that is > 0."""
-    if settings.height_weight <= 0:
-        return config.cost
-    lengths = (float(config.robot.plant.l[0]), float(config.robot.plant.l[1]))
-    return replace(config.cost, height_weight=settings.height_weight, height_scale=settings.height_scale,
-                   link_lengths=lengths, height_line=EE_THRESHOLD_FRACTION * sum(lengths))
+    return with_height_term(config.cost, settings.height_weight, settings.height_scale, config.robot.plant.l)
 
 
 def _plot(costs: np.ndarray, snapshots: list, kept: int, path: Path, title: str) -> Path:
