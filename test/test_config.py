@@ -85,7 +85,7 @@ def test_node_sections_merge_over_wildcard(tmp_path):
 
 def test_fingerprint_changes_with_behaviour(repo, tmp_path):
     base = load_robot_config(repo / "config" / "pendubot.yaml")
-    changed = load_robot_config(write_config(tmp_path, repo, lambda p: p.update(torque_limit=5.0)))
+    changed = load_robot_config(write_config(tmp_path, repo, lambda p: p.update(torque_limit=5.0, u_max=5.0)))
     assert base.fingerprint() != changed.fingerprint()
 
 

@@ -529,10 +529,10 @@ def test_train_config_errors_name_file_and_field(tmp_path):
     bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\ngp: {{prior: midpoint}}\n")
     with pytest.raises(ConfigError, match=r"field 'gp.prior'"):
         load_train_config(bad)
-    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\npolicy: {{u_max: 6.5}}\n")
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot_dither.yaml'}\npolicy: {{u_max: 6.5}}\n")
     with pytest.raises(ConfigError, match=r"field 'policy.u_max'.*u_max 3.0 N m \(torque limit 6.0"):
         load_train_config(bad)
-    bad.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\npolicy: {{u_max: 3.5}}\n")   # the robot's bound: 3
+    bad.write_text(f"robot_config: {CONFIG / 'pendubot_dither.yaml'}\npolicy: {{u_max: 3.5}}\n")   # its bound: 3
     with pytest.raises(ConfigError, match=r"field 'policy.u_max'"):
         load_train_config(bad)
     bad.write_text(f"robot_config: {CONFIG / 'acrobot.yaml'}\npolicy: {{u_max: 6.0}}\n")

@@ -58,7 +58,8 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     for bad, field in (({"steps": 0}, "polish.steps"), ({"lr": -1.0}, "polish.lr"),
                        ({"particles": 0}, "polish.particles"), ({"dropout": 0.1}, "polish"),
                        ({"height_weight": -1.0}, "polish.height_weight"),
-                       ({"height_scale": 0.0}, "polish.height_scale")):
+                       ({"height_scale": 0.0}, "polish.height_scale"), ({"horizon": -1.0}, "polish.horizon"),
+                       ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -89,7 +90,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     report = json.loads((tmp_path / "out" / "polish.json").read_text())
     assert report["robot_time_s"] == 0.0 and report["steps"] == 40 and len(report["cost"]) == 40
     assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
-                                  "height_weight": 0.0, "height_scale": 0.02, "candidates": 1}
+                                  "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
+                                  "u_max": 0.0, "rounds": 1, "round_gain": 0.005}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -204,6 +206,34 @@ def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run,
     assert cli.main(["polish", str(run), "--height-weight", "-1"]) == 2
 
 
+def test_the_horizon_of_the_polish_is_the_trainings_unless_named(run, tmp_path, monkeypatch, capsys):
+    """polish.horizon / --horizon (s): the particles' rollout length; 0 keeps the training horizon. Shorter than one
+    policy period, negative or not finite: a clear error, nothing written."""
+    source = load_source(run)
+    period = source.config.robot.policy_period
+    used: list[int] = []
+    optimize = polish_module.optimize_policy
+
+    def record(*args, **kwargs):
+        used.append(args[4])
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--out", str(tmp_path / "a")]) == 0
+    assert used[-1] == source.config.horizon_steps
+    longer = source.config.horizon + 5 * period
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--horizon", str(longer),
+                     "--out", str(tmp_path / "b")]) == 0
+    assert used[-1] == source.config.horizon_steps + 5
+    report = json.loads((tmp_path / "b" / "polish.json").read_text())
+    assert report["horizon_s"] == pytest.approx(longer) and report["settings"]["horizon"] == pytest.approx(longer)
+    assert f"horizon {longer:g} s" in capsys.readouterr().out
+    assert cli.main(["polish", str(run), "--horizon", str(period / 2), "--out", str(tmp_path / "c")]) == 2
+    assert "shorter than one policy period" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert cli.main(["polish", str(run), "--horizon", "nan", "--out", str(tmp_path / "d")]) == 2
+    assert "horizon must be" in capsys.readouterr().err and len(used) == 2
+
+
 def test_several_candidates_are_polished_and_the_best_judged_is_kept(run, tmp_path, monkeypatch, capsys):
     """polish.candidates / --candidates K: the selected policy and the next best of the ranking, each polished, the
     one whose kept snapshot the judge scores highest is the output."""
@@ -241,3 +271,109 @@ def test_several_candidates_are_polished_and_the_best_judged_is_kept(run, tmp_pa
     (chosen / "selection.json").write_text(json.dumps({"selected_trial": 7, "ranking": [7]}))
     with pytest.raises(ValueError, match="no policy file for trial 7"):
         polish_module.candidate_policies(chosen, 2)
+
+
+def test_the_policy_bound_can_be_raised_for_the_polish_up_to_the_torque_limit(run, tmp_path, monkeypatch, capsys):
+    """polish.u_max / --u-max (N m): the same weights under a higher tanh bound (the policy is unchanged where it
+    was not saturated), the judge's robot config clipping at that bound as the controller does, and never above
+    the torque limit; 0 keeps the policy's own bound."""
+    source = load_source(run)
+    own = load_policy(source.policy_file)
+    assert own.u_max == 3.0 and source.config.robot.torque_limit == 6.0
+    assert polish_module.polish_config(source.config, PolishSettings()) is source.config
+    raised = polish_module.polish_config(source.config, PolishSettings(u_max=6.0))
+    assert raised.robot.u_max == 6.0 and raised.robot.plant == source.config.robot.plant
+    with pytest.raises(ValueError, match="exceeds the torque limit"):
+        polish_module.polish_config(source.config, PolishSettings(u_max=6.5))
+    with pytest.raises(ValueError, match="u_max must be"):
+        PolishSettings(u_max=-1.0)
+    started: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(policy, *args, **kwargs):
+        started.append((policy.u_max, policy.weights.detach().clone()))
+        return optimize(policy, *args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--u-max", "6",
+                     "--out", str(tmp_path / "u6")]) == 0
+    assert "policy bound raised to 6 N m" in capsys.readouterr().out
+    assert started[-1][0] == 6.0
+    np.testing.assert_allclose(started[-1][1].numpy(), own.weights, rtol=0, atol=1e-6)   # the weights as given
+    polished = load_policy(tmp_path / "u6" / "policy.npz")
+    assert polished.u_max == 6.0 and polished.metadata["polished"]["u_max_raised_from"] == 3.0
+    assert json.loads((tmp_path / "u6" / "polish.json").read_text())["settings"]["u_max"] == 6.0
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--out", str(tmp_path / "own")]) == 0
+    assert started[-1][0] == 3.0 and "u_max_raised_from" not in load_policy(tmp_path / "own" / "policy.npz").metadata[
+        "polished"]
+    assert cli.main(["polish", str(run), "--u-max", "9", "--out", str(tmp_path / "over")]) == 2
+    assert "exceeds the torque limit 6.0 N m" in capsys.readouterr().err and not (tmp_path / "over").exists()
+
+
+def test_rounds_go_on_from_each_kept_policy_while_the_judge_gains_enough(run, tmp_path, monkeypatch, capsys):
+    """polish.rounds / --rounds N: round K + 1 starts from round K's output while a round's judge gains at least
+    round_gain over its start; the first round that gains less is discarded and the rounds stop."""
+    # snapshots per round (start, step 2, step 4): round 1 gains 0.3, round 2 0.1, round 3 only 0.004 < 0.005
+    scores = iter([0.1, 0.4, 0.2, 0.4, 0.45, 0.5, 0.5, 0.504, 0.3])
+    judged: list[np.ndarray] = []
+
+    def fake_judge(config, model, seeds, seconds):
+        def judge(policy):
+            judged.append(policy.weights.detach().clone().numpy())
+            return next(scores)
+        return judge
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    source = load_source(run)
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=5, round_gain=0.005)
+    result = polish_module.polish_rounds(source, settings, tmp_path / "out", progress=False)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("round_*")) == ["round_1", "round_2", "round_3"]   # stopped after 3
+    assert result.policy_file == out / "policy.npz"
+    assert (out / "policy.npz").read_bytes() == (out / "round_2" / "policy.npz").read_bytes()  # round 3 discarded
+    for start, previous in ((3, "round_1"), (6, "round_2")):          # each round starts from the one before
+        np.testing.assert_allclose(judged[start], load_policy(out / previous / "policy.npz").weights, atol=1e-6)
+    report = json.loads((out / "polish.json").read_text())
+    assert [(r["round"], r["kept_step"], r["kept"]) for r in report["rounds"]] == [(1, 2, True), (2, 4, True),
+                                                                                    (3, 2, False)]
+    assert report["rounds"][1]["policy"] == str(out / "round_1" / "policy.npz")
+    assert report["policy"] == str(out / "policy.npz") and report["robot_time_s"] == 0.0
+    # the command line: bad values and the combination with candidates are named errors, nothing written
+    bad = ["--out", str(tmp_path / "bad")]
+    assert cli.main(["polish", str(run), "--rounds", "0"] + bad) == 2
+    assert "rounds >= 1" in capsys.readouterr().err
+    assert cli.main(["polish", str(run), "--rounds", "2"] + bad) == 2            # the run's polish: no snapshots
+    assert "snapshot_every >= 1 to judge several" in capsys.readouterr().err
+    assert cli.main(["polish", str(run), "--round-gain", "-0.1"] + bad) == 2
+    assert "round_gain" in capsys.readouterr().err
+    chosen = tmp_path / "run"
+    shutil.copytree(run, chosen)
+    (chosen / "selection.json").write_text(json.dumps({"selected_trial": 2, "ranking": [3, 2], "selected_policy":
+                                                       str(chosen / "trials" / "trial_002" / "policy.npz")}))
+    config = yaml.safe_load((chosen / "train_config.yaml").read_text())
+    config["polish"]["snapshot_every"] = 2
+    (chosen / "train_config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["polish", str(chosen), "--rounds", "2", "--candidates", "2"] + bad) == 2
+    assert "several rounds" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_one_round_that_gains_nothing_gives_back_the_policy_it_was_given(run, tmp_path, monkeypatch):
+    scores = iter([0.5, 0.3, 0.2])
+
+    monkeypatch.setattr(polish_module, "protocol_judge", lambda *a: (lambda policy: next(scores)))
+    source = load_source(run)
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=3)
+    polish_module.polish_rounds(source, settings, tmp_path / "out", progress=False)
+    np.testing.assert_allclose(load_policy(tmp_path / "out" / "policy.npz").weights,
+                               load_policy(source.policy_file).weights, rtol=0, atol=1e-6)
+    assert [r["kept"] for r in json.loads((tmp_path / "out" / "polish.json").read_text())["rounds"]] == [True]
+    chosen = tmp_path / "run"                                   # the command line runs the rounds too
+    shutil.copytree(run, chosen)
+    config = yaml.safe_load((chosen / "train_config.yaml").read_text())
+    config["polish"].update(snapshot_every=1, rounds=3)
+    (chosen / "train_config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(polish_module, "protocol_judge", lambda *a: (lambda policy: 0.5))
+    assert cli.main(["polish", str(chosen), "--steps", "2", "--particles", "8"]) == 0
+    assert [p.name for p in (chosen / "polish").glob("round_*")] == ["round_1"]
+    polished = chosen / "polish"
+    assert (polished / "policy.npz").read_bytes() == (polished / "round_1" / "policy.npz").read_bytes()

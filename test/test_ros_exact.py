@@ -23,7 +23,7 @@ from mcpilco_ros.demo import run_demo  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[1]
-SEED, DURATION = 31, 10.0       # seed 31: damping after a disturbance (checked below)
+SEED, DURATION = 61, 10.0       # seed 61: damping after a disturbance with the shipped policy (checked below)
 
 
 def test_ros_lockstep_run_equals_the_evaluator_array_by_array(tmp_path):

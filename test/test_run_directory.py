@@ -180,10 +180,11 @@ def test_resume_with_a_changed_robot_config_says_what_changed(run_copy, tmp_path
     for name in ("pendubot.yaml", "plant_models.yaml"):
         shutil.copy(REPO / "config" / name, tmp_path / "robot" / name)
     robot = tmp_path / "robot" / "pendubot.yaml"
-    robot.write_text(robot.read_text().replace("torque_limit: 6.0", "torque_limit: 4.0"))
+    robot.write_text(robot.read_text().replace("torque_limit: 6.0", "torque_limit: 4.0")
+                     .replace("u_max: 6.0", "u_max: 4.0"))           # the policy's bound may not exceed the limit
     with pytest.raises(RunError, match=r"another robot.*torque_limit: 6\.0 -> 4\.0") as error:
         train(load_train_config(config, robot_config=robot), run, resume=True)
-    assert "u_max" not in str(error.value)
+    assert "u_max: 6.0 -> 4.0" in str(error.value) and "policy_period" not in str(error.value)
     assert json.loads((run / "run.json").read_text())["robot_fingerprint"]      # untouched
 
 

@@ -36,7 +36,7 @@ def tiny_run(root: Path, **changes) -> Path:
                 trials=4, exploration={"duration": 0.6, "amplitude": 3.0},
                 gp={"fit_steps": 3, "fit_points": 30, "max_points": 20},
                 optimizer={"max_steps_first": 3, "max_steps": 3, "patience": 3, "smoothing": 0.9},
-                policy={"num_basis": 5},
+                policy={"num_basis": 5, "u_max": 3.0},
                 initial_state={"k_m": 5, "K": 10, "disturbance_fraction": 0.5, "disturbance_from_trial": 1,
                                "disturbance_seeds": [1000], "pool_seeds_per_trial": 1})
     data.update(changes)

@@ -95,6 +95,15 @@ def register(subparsers) -> None:
     p.add_argument("--candidates", type=int, default=None,
                    help="polish the selected policy and the next best of mcpilco select's ranking, this many in all "
                         "(each in OUT/candidate_K), and keep the one the judge scores highest")
+    p.add_argument("--horizon", type=float, default=None,
+                   help="s, the particles' rollout length for the polish (default: the training horizon)")
+    p.add_argument("--u-max", type=float, default=None,
+                   help="N m, raise the policy's output bound to this for the polish (same weights; at most the "
+                        "torque limit; default: the policy's own bound)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="polish again from the kept policy while a round's judge gains at least --round-gain over "
+                        "its start, this many rounds at most (each in OUT/round_K)")
+    p.add_argument("--round-gain", type=float, default=None, help="the judge's gain a round must reach (default 0.005)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -201,7 +210,16 @@ def _run_select(args: argparse.Namespace) -> int:
 
 
 def _run_polish(args: argparse.Namespace) -> int:
-    from .polish import candidate_policies, load_source, polish, polish_candidates, settings_with
+    from .polish import (
+        candidate_policies,
+        load_source,
+        polish,
+        polish_candidates,
+        polish_config,
+        polish_horizon,
+        polish_rounds,
+        settings_with,
+    )
     from .runs import RunError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -209,9 +227,15 @@ def _run_polish(args: argparse.Namespace) -> int:
         source = load_source(args.run, args.policy)
         settings = settings_with(source.config.polish, steps=args.steps, lr=args.lr, particles=args.particles,
                                  seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale,
-                                 candidates=args.candidates)
+                                 candidates=args.candidates, horizon=args.horizon, u_max=args.u_max,
+                                 rounds=args.rounds, round_gain=args.round_gain)
+        horizon = polish_horizon(source.config, settings)
+        polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
             raise ValueError("--policy names one policy: it cannot be combined with several candidates")
+        if settings.candidates > 1 and settings.rounds > 1:
+            raise ValueError("several candidates and several rounds: polish the candidates first, then the rounds "
+                             "with --policy OUT/policy.npz")
         files = candidate_policies(args.run, settings.candidates) if settings.candidates > 1 else []
     except (RunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -219,11 +243,14 @@ def _run_polish(args: argparse.Namespace) -> int:
     print(f"polishing {source.policy_file} on the model of {source.model_from}: {settings.steps} steps, lr "
           f"{settings.lr:g}, {settings.particles} particles, no dropout"
           + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
-          + " (no robot time)")
+          + (f", policy bound raised to {settings.u_max:g} N m" if settings.u_max > 0 else "")
+          + f", horizon {horizon:g} s (no robot time)")
     out = args.out or args.run / "polish"
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))
         result = polish_candidates(source, settings, files, out, progress=source.config.progress)
+    elif settings.rounds > 1:
+        result = polish_rounds(source, settings, out, progress=source.config.progress)
     else:
         result = polish(source, settings, out, progress=source.config.progress)
     print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "

@@ -384,7 +384,11 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           snapshot_every=r.integer("snapshot_every", d.snapshot_every, minimum=0),
                           height_weight=r.number("height_weight", d.height_weight, nonnegative=True),
                           height_scale=r.number("height_scale", d.height_scale, positive=True),
-                          candidates=r.integer("candidates", d.candidates, minimum=1))
+                          candidates=r.integer("candidates", d.candidates, minimum=1),
+                          horizon=r.number("horizon", d.horizon, nonnegative=True),
+                          u_max=r.number("u_max", d.u_max, nonnegative=True),
+                          rounds=r.integer("rounds", d.rounds, minimum=1),
+                          round_gain=r.number("round_gain", d.round_gain, nonnegative=True))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -116,12 +116,15 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     polish_curve.png. No robot time."""
     from .learner import initial_distribution
 
-    config = source.config
+    config = polish_config(source.config, settings)
+    numpy_policy = load_policy(source.policy_file, robot=config.robot.robot,
+                               torque_limit=config.robot.torque_limit)
+    raised_from = dict(dict(numpy_policy.metadata or {}).get("polished") or {}).get("u_max_raised_from")
+    if settings.u_max > 0 and settings.u_max != numpy_policy.u_max:
+        raised_from, numpy_policy = numpy_policy.u_max, replace(numpy_policy, u_max=settings.u_max)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
-    numpy_policy = load_policy(source.policy_file, robot=config.robot.robot,
-                               torque_limit=config.robot.torque_limit)
     policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     sampler = initial_distribution(config, source.next_trial, source.pool).sampler(config.device, config.torch_dtype)
     sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
@@ -130,8 +133,9 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
              if settings.snapshot_every > 0 else None)
     cost = polish_cost(config, settings)
+    horizon_steps = int(round(polish_horizon(config, settings) / config.robot.policy_period))
     start = time.perf_counter()
-    result = optimize_policy(policy, source.model, sampler, settings.particles, config.horizon_steps, cost,
+    result = optimize_policy(policy, source.model, sampler, settings.particles, horizon_steps, cost,
                              optimizer, settings.steps, generator, progress, description="polish",
                              particle_threads=config.particle_threads,
                              particle_processes=config.parallel == "processes", judge=judge)
@@ -142,12 +146,14 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     before, after = float(costs[:window].mean()), float(costs[-window:].mean())
     kept = result.steps if result.kept_step is None else result.kept_step
     metadata = {"polished": {"from": str(source.policy_file), "model": source.model_from, "steps": kept,
-                             "settings": asdict(settings), "robot_time_s": 0.0}}
+                             "settings": asdict(settings), "robot_time_s": 0.0,
+                             **({} if raised_from is None else {"u_max_raised_from": raised_from})}}
     policy_file = out / "policy.npz"
     save_policy(policy.to_numpy(config.robot.robot, config.robot.policy_period,
                                 {**dict(numpy_policy.metadata or {}), **metadata}), policy_file)
     summary = {"source_policy": str(source.policy_file), "model": source.model_from, "settings": asdict(settings),
-               "horizon_s": config.horizon, "steps": result.steps, "skipped_steps": result.skipped_steps,
+               "horizon_s": horizon_steps * config.robot.policy_period, "steps": result.steps,
+               "skipped_steps": result.skipped_steps,
                "rollbacks": [list(r) for r in result.rollbacks], "stop_reason": result.stop_reason,
                "cost_first_steps": before, "cost_last_steps": after, "cost": costs.tolist(),
                "snapshots": [list(snapshot) for snapshot in result.snapshots], "kept_step": kept,
@@ -210,6 +216,58 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
     LOG.info("polish: kept candidate %d (%s, judge %.3f; the others %s)", best, files[best], scores[best],
              ", ".join(f"{s:.3f}" for s in scores))
     return replace(chosen, out=out, policy_file=out / "policy.npz")
+
+
+def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Path,
+                  progress: bool = True) -> PolishResult:
+    """Polish ``source``'s policy (OUT/round_1/), then again from each round's output (OUT/round_K/, Adam
+    restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge; the first
+    round that does not is discarded and the rounds stop. OUT/policy.npz is the last round kept (round 1's output
+    if none gained: the judge kept its best, the start included), OUT/polish.json that round's report plus every
+    round's (start and kept judge, kept step, kept or discarded). No robot time."""
+    out = Path(out)
+    source = replace(source)
+    chosen, rows = None, []
+    for k in range(1, settings.rounds + 1):
+        result = polish(source, settings, out / f"round_{k}", progress)
+        start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
+        gained = kept_score - start_score >= settings.round_gain
+        rows.append({"round": k, "policy": str(source.policy_file), "judge_start": start_score,
+                     "judge_kept": kept_score, "kept_step": result.kept_step, "folder": str(result.out),
+                     "kept": gained or chosen is None})
+        if chosen is None or gained:
+            chosen = result
+        LOG.info("polish: round %d judge %.3f -> %.3f%s", k, start_score, kept_score,
+                 "" if gained else f": gains less than {settings.round_gain:g}, the rounds stop")
+        if not gained:
+            break
+        source.policy_file = result.policy_file
+    for name in ("policy.npz", "polish_curve.png"):
+        shutil.copyfile(chosen.out / name, out / name)
+    summary = json.loads((chosen.out / "polish.json").read_text())
+    summary["rounds"], summary["policy"] = rows, str(out / "policy.npz")
+    (out / "polish.json").write_text(json.dumps(summary, indent=1))
+    return replace(chosen, out=out, policy_file=out / "policy.npz")
+
+
+def polish_config(config, settings: PolishSettings):
+    """The training config the polish runs with: the run's, with the robot config's policy bound raised to
+    ``settings.u_max`` when given (the judge's protocol clips the policy there, as the controller does)."""
+    if settings.u_max <= 0:
+        return config
+    if settings.u_max > config.robot.torque_limit:
+        raise ValueError(f"polish: u_max {settings.u_max} N m exceeds the torque limit "
+                         f"{config.robot.torque_limit} N m")
+    return replace(config, robot=replace(config.robot, u_max=max(config.robot.u_max, settings.u_max)))
+
+
+def polish_horizon(config, settings: PolishSettings) -> float:
+    """The particles' rollout length of the polish (s): ``settings.horizon``, else the training config's."""
+    horizon = settings.horizon if settings.horizon > 0 else config.horizon
+    if horizon < config.robot.policy_period:
+        raise ValueError(f"polish: the horizon {horizon} s is shorter than one policy period "
+                         f"({config.robot.policy_period} s)")
+    return horizon
 
 
 def polish_cost(config, settings: PolishSettings) -> CostSettings:
