@@ -85,7 +85,8 @@ class PolishSettings:
     may now push harder (at most the torque limit; the judge runs the robot config with this bound). Why: the
     pendubot's 3 N m policy polished with 6 N m reached the line sooner, 0.752 -> 0.775 on protocol seeds 0-9;
     rounds: polish again from the kept policy, Adam restarted, while a round's judge gains at least round_gain
-    over its start (a round that gains less is discarded and the rounds stop: that gain is the judge's noise).
+    over its start (a later round that gains less is discarded and the rounds stop: that gain is the judge's
+    noise; the first round is kept as a single polish keeps it).
     Why: the shipped policies' judges kept rising over 2-3 such rounds (acrobot 0.478 -> 0.491 -> 0.519). No
     dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
