@@ -205,26 +205,20 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
         results.append(polish(source, settings, out / f"candidate_{k}", progress))
     scores = [r.optimization.kept_score for r in results]
     best = int(np.argmax(scores))
-    chosen = results[best]
-    for name in ("policy.npz", "polish_curve.png"):
-        shutil.copyfile(chosen.out / name, out / name)
-    summary = json.loads((chosen.out / "polish.json").read_text())
-    summary["candidates"] = [{"policy": str(f), "kept_step": r.kept_step, "judge": score, "folder": str(r.out)}
-                             for f, r, score in zip(files, results, scores)]
-    summary["chosen_candidate"], summary["policy"] = best, str(out / "policy.npz")
-    (out / "polish.json").write_text(json.dumps(summary, indent=1))
     LOG.info("polish: kept candidate %d (%s, judge %.3f; the others %s)", best, files[best], scores[best],
              ", ".join(f"{s:.3f}" for s in scores))
-    return replace(chosen, out=out, policy_file=out / "policy.npz")
+    candidates = [{"policy": str(f), "kept_step": r.kept_step, "judge": score, "folder": str(r.out)}
+                  for f, r, score in zip(files, results, scores)]
+    return _publish(results[best], out, {"candidates": candidates, "chosen_candidate": best})
 
 
 def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Path,
                   progress: bool = True) -> PolishResult:
     """Polish ``source``'s policy (OUT/round_1/), then again from each round's output (OUT/round_K/, Adam
     restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge; the first
-    round that does not is discarded and the rounds stop. OUT/policy.npz is the last round kept (round 1's output
-    if none gained: the judge kept its best, the start included), OUT/polish.json that round's report plus every
-    round's (start and kept judge, kept step, kept or discarded). No robot time."""
+    later round that does not is discarded and the rounds stop. OUT/policy.npz is the last round kept (round 1 is
+    kept as a single polish keeps it: the judge's best, the start included), OUT/polish.json that round's report
+    plus every round's (start and kept judge, kept step, kept or discarded). No robot time."""
     out = Path(out)
     source = replace(source)
     chosen, rows = None, []
@@ -242,10 +236,15 @@ def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Pat
         if not gained:
             break
         source.policy_file = result.policy_file
+    return _publish(chosen, out, {"rounds": rows})
+
+
+def _publish(chosen: PolishResult, out: Path, extra: dict) -> PolishResult:
+    """Copy the chosen polish's policy.npz and polish_curve.png to OUT, and write OUT/polish.json: its report
+    plus ``extra`` (every candidate's or round's row) and the policy's new path."""
     for name in ("policy.npz", "polish_curve.png"):
         shutil.copyfile(chosen.out / name, out / name)
-    summary = json.loads((chosen.out / "polish.json").read_text())
-    summary["rounds"], summary["policy"] = rows, str(out / "policy.npz")
+    summary = {**json.loads((chosen.out / "polish.json").read_text()), **extra, "policy": str(out / "policy.npz")}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     return replace(chosen, out=out, policy_file=out / "policy.npz")
 
