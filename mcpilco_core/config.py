@@ -640,6 +640,10 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                            f"{values['torque_limit']}")
     if values["policy_period"] < values["control_period"]:
         raise ConfigError(source, "policy_period", "must not be shorter than control_period")
+    periods = values["policy_period"] / values["control_period"]
+    if abs(periods - round(periods)) > 1e-6:
+        raise ConfigError(source, "policy_period", f"{values['policy_period']} s is not a whole number of "
+                                                   f"control periods ({values['control_period']} s)")
     dither = _section(reader, "dither", BalanceDitherConfig)
     if dither.amplitude > values["torque_limit"]:
         raise ConfigError(source, "dither.amplitude", f"{dither.amplitude} N m exceeds torque_limit "

@@ -40,6 +40,7 @@ def test_shipped_configs_load(repo):
     (lambda p: p["damping"].update(speed=3.0), "damping.speed"),
     (lambda p: p["roa"].update(samples=0), "roa.samples"),
     (lambda p: p.update(policy_period=0.001), "policy_period"),
+    (lambda p: p.update(policy_period=0.005), "policy_period"),      # not a whole number of 2 ms control periods
 ])
 def test_bad_values_name_file_and_field(tmp_path, repo, mutate, field):
     path = write_config(tmp_path, repo, mutate)

@@ -59,7 +59,9 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"particles": 0}, "polish.particles"), ({"dropout": 0.1}, "polish"),
                        ({"height_weight": -1.0}, "polish.height_weight"),
                        ({"height_scale": 0.0}, "polish.height_scale"), ({"horizon": -1.0}, "polish.horizon"),
-                       ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain")):
+                       ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain"),
+                       ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
+                       ({"retries": -1}, "polish.retries")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -91,7 +93,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     assert report["robot_time_s"] == 0.0 and report["steps"] == 40 and len(report["cost"]) == 40
     assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
-                                  "u_max": 0.0, "rounds": 1, "round_gain": 0.005}
+                                  "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
+                                  "pool": "run", "retries": 0}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -377,3 +380,127 @@ def test_one_round_that_gains_nothing_gives_back_the_policy_it_was_given(run, tm
     assert [p.name for p in (chosen / "polish").glob("round_*")] == ["round_1"]
     polished = chosen / "polish"
     assert (polished / "policy.npz").read_bytes() == (polished / "round_1" / "policy.npz").read_bytes()
+
+
+def test_a_policy_period_refits_the_model_on_the_same_trials_and_polishes_for_that_rate(run, tmp_path, monkeypatch,
+                                                                                         capsys):
+    """polish.policy_period / --policy-period S: the model refitted at S on the run's own recorded trials (cut at
+    the new period, so twice the transitions at half the period, no robot time), the robot identified at the state
+    rate kept, the horizon in steps of S, and the policy's weights as given, now held S; 0 or the run's own period
+    changes nothing; a period that is not a whole number of control periods is a named error."""
+    def no_robot(*args, **kwargs):
+        raise AssertionError("the refit ran the robot")
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    source = load_source(run)
+    own = source.config.robot.policy_period
+    assert own == 0.02
+    assert polish_module.at_policy_period(run, source, 0.0) is source
+    assert polish_module.at_policy_period(run, source, own) is source
+    faster = polish_module.at_policy_period(run, source, 0.01)
+    assert faster.config.robot.policy_period == 0.01 and faster.model.period == 0.01
+    assert faster.config.robot.control_period == source.config.robot.control_period
+    assert faster.model.robot is source.model.robot and faster.pool is source.pool
+    assert "refitted at 0.01 s" in faster.model_from and source.config.robot.policy_period == own  # source unchanged
+    slow, fast = polish_module._transitions(run, source.config), polish_module._transitions(run, faster.config)
+    assert 1.8 * len(slow) <= len(fast) <= 2.2 * len(slow)
+    # the refitted model predicts the recorded 10 ms velocity changes; the run's 20 ms model would be twice off
+    change = np.sqrt(np.mean((fast.x_next[:, 2:] - fast.x[:, 2:]) ** 2))
+    assert np.sqrt(np.mean(faster.model.one_step_errors(fast)["learned"] ** 2)) < 0.1 * change
+    assert np.sqrt(np.mean(source.model.one_step_errors(fast)["learned"] ** 2)) > 0.5 * change
+    with pytest.raises(ValueError, match="whole number of control periods"):
+        polish_module.at_policy_period(run, source, 0.005)
+    with pytest.raises(ValueError, match="horizon"):
+        polish_module.at_policy_period(run, source, 0.4)
+    horizons: list[int] = []
+    optimize = polish_module.optimize_policy
+
+    def record(policy, model, sampler, particles, horizon_steps, *args, **kwargs):
+        horizons.append((horizon_steps, model.period, policy.weights.detach().clone()))
+        return optimize(policy, model, sampler, particles, horizon_steps, *args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--policy-period", "0.01",
+                     "--out", str(tmp_path / "fast")]) == 0
+    assert "policy period 0.01 s" in capsys.readouterr().out
+    steps, period, weights = horizons[-1]
+    assert (steps, period) == (round(source.config.horizon / 0.01), 0.01)
+    np.testing.assert_allclose(weights.numpy(), load_policy(source.policy_file).weights, rtol=0, atol=1e-6)
+    polished = load_policy(tmp_path / "fast" / "policy.npz", policy_period=0.01)
+    assert polished.control_period == 0.01 and polished.metadata["polished"]["policy_period_changed_from"] == 0.02
+    assert json.loads((tmp_path / "fast" / "polish.json").read_text())["settings"]["policy_period"] == 0.01
+    with pytest.raises(Exception, match="0.01"):
+        load_policy(tmp_path / "fast" / "policy.npz", policy_period=0.02)       # the controller at 50 Hz refuses it
+    assert cli.main(["polish", str(run), "--policy-period", "0.003", "--out", str(tmp_path / "bad")]) == 2
+    assert "whole number of control periods" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_the_policys_own_post_disturbance_states_can_start_the_particles(run, tmp_path, monkeypatch, capsys):
+    """polish.pool / --pool policy: the particles' post-disturbance starts are the states the policy being
+    polished meets right after the protocol's disturbances on the learner's model (the pool seeds), not the run's
+    pool; simulated, never the robot; each round from its own start policy."""
+    def no_robot(*args, **kwargs):
+        raise AssertionError("the pool ran the robot")
+
+    monkeypatch.setattr(learner, "run_on_robot", no_robot)
+    source = load_source(run)
+    config = source.config
+    policy = load_policy(source.policy_file)
+    states = polish_module.policy_pool(config, policy)
+    seeds = config.initial_state.disturbance_seeds
+    assert states.shape == (15 * len(seeds), 4)                      # 15 disturbances per protocol seed
+    from mcpilco_core.control import build_controller
+    expected, _ = learner.post_disturbance_states(build_controller(config.robot, policy), config.model_robot, seeds)
+    np.testing.assert_array_equal(states, expected)
+    assert len(states) != len(source.pool)                           # the run's pool: every trial's and more
+    pools: list[np.ndarray] = []
+    distribution = learner.initial_distribution
+
+    def record(config, trial, pool):
+        pools.append(pool)
+        return distribution(config, trial, pool)
+
+    monkeypatch.setattr(learner, "initial_distribution", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--pool", "policy",
+                     "--out", str(tmp_path / "own")]) == 0
+    assert "starts from the policy's own post-disturbance states" in capsys.readouterr().out
+    np.testing.assert_array_equal(pools[-1], states)
+    report = json.loads((tmp_path / "own" / "polish.json").read_text())
+    assert report["settings"]["pool"] == "policy" and report["pool_states"] == len(states)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--out", str(tmp_path / "run")]) == 0
+    np.testing.assert_array_equal(pools[-1], source.pool)
+    assert json.loads((tmp_path / "run" / "polish.json").read_text())["pool_states"] == len(source.pool)
+    with pytest.raises(ValueError, match="pool must be one of run, policy"):
+        PolishSettings(pool="robot")
+
+
+def test_a_round_that_gains_too_little_may_retry_with_the_next_seed_before_the_rounds_stop(run, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """polish.retries / --retries R: a round that gains less than round_gain is discarded and the next round starts
+    from the last kept policy with the next particle seed; R such rounds in a row, then the rounds stop."""
+    # (start, step 2, step 4) per round: gain, too little, gain with seed 1, too little, too little -> stop (R = 1)
+    scores = iter([0.1, 0.4, 0.2, 0.4, 0.402, 0.401, 0.4, 0.5, 0.45, 0.5, 0.5, 0.5, 0.5, 0.501, 0.5])
+    judged: list[np.ndarray] = []
+
+    def fake_judge(config, model, seeds, seconds):
+        def judge(policy):
+            judged.append(policy.weights.detach().clone().numpy())
+            return next(scores)
+        return judge
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=8, retries=1)
+    out = tmp_path / "out"
+    polish_module.polish_rounds(load_source(run), settings, out, progress=False)
+    report = json.loads((out / "polish.json").read_text())
+    assert [(r["round"], r["seed"], r["kept"]) for r in report["rounds"]] == [
+        (1, 0, True), (2, 0, False), (3, 1, True), (4, 1, False), (5, 2, False)]
+    assert (out / "policy.npz").read_bytes() == (out / "round_3" / "policy.npz").read_bytes()
+    for start, previous in ((6, "round_1"), (9, "round_3"), (12, "round_3")):   # each from the last kept
+        np.testing.assert_allclose(judged[start], load_policy(out / previous / "policy.npz").weights, atol=1e-6)
+    assert json.loads((out / "round_3" / "polish.json").read_text())["settings"]["seed"] == 1
+    # round 2 and round 3 start from the same policy with other seeds: other particles, another result
+    assert not np.array_equal(load_policy(out / "round_2" / "policy.npz").weights,
+                              load_policy(out / "round_3" / "policy.npz").weights)
+    assert cli.main(["polish", str(run), "--rounds", "2", "--retries", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "retries must be >= 0" in capsys.readouterr().err

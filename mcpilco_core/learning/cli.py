@@ -104,6 +104,16 @@ def register(subparsers) -> None:
                    help="polish again from the kept policy while a round's judge gains at least --round-gain over "
                         "its start, this many rounds at most (each in OUT/round_K)")
     p.add_argument("--round-gain", type=float, default=None, help="the judge's gain a round must reach (default 0.005)")
+    p.add_argument("--policy-period", type=float, default=None,
+                   help="s, polish the policy for this rate: the model is refitted at this period on the run's "
+                        "recorded trials, the policy keeps its weights (default: the run's period); run the result "
+                        "with a robot config whose policy_period is this")
+    p.add_argument("--retries", type=int, default=None,
+                   help="after a round that gains too little, try the next particle seed this many rounds in a row "
+                        "before the rounds stop (default 0)")
+    p.add_argument("--pool", choices=["run", "policy"], default=None,
+                   help="the particles' post-disturbance starts: the run's pool (default), or the states the policy "
+                        "being polished meets after the protocol's disturbances on the model (no robot time)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -211,6 +221,7 @@ def _run_select(args: argparse.Namespace) -> int:
 
 def _run_polish(args: argparse.Namespace) -> int:
     from .polish import (
+        at_policy_period,
         candidate_policies,
         load_source,
         polish,
@@ -228,8 +239,9 @@ def _run_polish(args: argparse.Namespace) -> int:
         settings = settings_with(source.config.polish, steps=args.steps, lr=args.lr, particles=args.particles,
                                  seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale,
                                  candidates=args.candidates, horizon=args.horizon, u_max=args.u_max,
-                                 rounds=args.rounds, round_gain=args.round_gain)
-        horizon = polish_horizon(source.config, settings)
+                                 rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
+                                 pool=args.pool, retries=args.retries)
+        polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
             raise ValueError("--policy names one policy: it cannot be combined with several candidates")
@@ -237,6 +249,8 @@ def _run_polish(args: argparse.Namespace) -> int:
             raise ValueError("several candidates and several rounds: polish the candidates first, then the rounds "
                              "with --policy OUT/policy.npz")
         files = candidate_policies(args.run, settings.candidates) if settings.candidates > 1 else []
+        source = at_policy_period(args.run, source, settings.policy_period)     # refits the model: after the checks
+        horizon = polish_horizon(source.config, settings)
     except (RunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -244,7 +258,8 @@ def _run_polish(args: argparse.Namespace) -> int:
           f"{settings.lr:g}, {settings.particles} particles, no dropout"
           + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
           + (f", policy bound raised to {settings.u_max:g} N m" if settings.u_max > 0 else "")
-          + f", horizon {horizon:g} s (no robot time)")
+          + (", starts from the policy's own post-disturbance states" if settings.pool == "policy" else "")
+          + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     out = args.out or args.run / "polish"
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))

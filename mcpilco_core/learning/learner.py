@@ -47,7 +47,7 @@ from .cost import CostSettings, trial_cost, with_height_term
 from .gp import PRIOR_INTEGRATORS, GPSettings
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
-from .optimizer import OptimizationResult, OptimizerSettings, PolishSettings, optimize_policy
+from .optimizer import POLISH_POOLS, OptimizationResult, OptimizerSettings, PolishSettings, optimize_policy
 from .parallel import PARALLEL_MODES
 from .torch_policy import TorchPolicy
 
@@ -388,7 +388,10 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           horizon=r.number("horizon", d.horizon, nonnegative=True),
                           u_max=r.number("u_max", d.u_max, nonnegative=True),
                           rounds=r.integer("rounds", d.rounds, minimum=1),
-                          round_gain=r.number("round_gain", d.round_gain, nonnegative=True))
+                          round_gain=r.number("round_gain", d.round_gain, nonnegative=True),
+                          policy_period=r.number("policy_period", d.policy_period, nonnegative=True),
+                          pool=r.string("pool", d.pool, choices=list(POLISH_POOLS)),
+                          retries=r.integer("retries", d.retries, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -19,6 +19,7 @@ given back).
     mcpilco polish RUN                       # the selected policy (RUN/selection.json), else the newest
     mcpilco polish RUN --policy FILE --steps 1500 --out RUN/polish
     mcpilco polish RUN --candidates 3        # the choice's three best ranked, each polished, the best judged kept
+    mcpilco polish RUN --policy-period 0.01  # the policy polished for 100 Hz on the model refitted at 10 ms
 
 Writes ``OUT/policy.npz`` (metadata: what was polished, on which model, the kept step), ``OUT/polish.json``
 (settings, cost per step, judged snapshots, wall time, robot time 0) and ``OUT/polish_curve.png``.
@@ -88,6 +89,49 @@ def load_source(root: str | Path, policy_file: str | Path | None = None) -> Poli
     return source
 
 
+def at_policy_period(root: str | Path, source: PolishSource, period: float) -> PolishSource:
+    """``source`` for a policy held ``period`` s (``polish.policy_period``; 0 or the run's own: ``source`` as it is).
+
+    The model is refitted at that period on the run's (or session's) recorded trials, cut at the new period by the
+    same reader that cut them at the run's (the trials are recorded at the state rate, so no robot time is added);
+    the robot the learner identified at the state rate is kept (it does not depend on the period). The GP's fit
+    has a generator of its own (the polish's stream), so the refit is the same every time."""
+    config = source.config
+    if period <= 0 or abs(period - config.robot.policy_period) < 1e-12:
+        return source
+    steps = period / config.robot.control_period
+    if abs(steps - round(steps)) > 1e-6:
+        raise ValueError(f"polish: a policy period of {period} s is not a whole number of control periods "
+                         f"({config.robot.control_period} s)")
+    if config.horizon < period:
+        raise ValueError(f"polish: the horizon {config.horizon} s is shorter than the policy period {period} s")
+    config = replace(config, robot=replace(config.robot, policy_period=float(period)))
+    data = _transitions(Path(root), config)
+    model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout)
+    LOG.info("polish: refitting the model at %g s on %d transitions (the run's trials, cut at the new period)",
+             period, len(data))
+    model.fit(data, np.random.default_rng([config.seed, POLISH_STREAM, 1]), config.device, config.torch_dtype)
+    model.posterior.set_backward_precision(config.backward_matmul if config.dtype == "float32" else "float32")
+    model.robot = source.model.robot
+    return replace(source, config=config, model=model,
+                   model_from=f"{source.model_from}'s trials, refitted at {period:g} s")
+
+
+def _transitions(root: Path, config):
+    """Every recorded trial of the run or session at ``root``, as transitions at ``config``'s policy period."""
+    if (root / "retrain").is_dir() and (root / "session").is_dir():
+        from ..recording import load_sessions
+
+        return load_sessions([root / "session"], config.robot).transitions(config.robot.actuated_joint)
+    from .learner import Learner
+    from .runs import RunDirectory
+
+    run, learner = RunDirectory(root), Learner(config)
+    for k in run.completed_trials():
+        learner.add_trajectory(run.load_trial(k, config.robot.robot).trajectory)
+    return learner.data
+
+
 def _run_source(root: Path) -> PolishSource:
     from .learner import Learner
     from .runs import RunDirectory
@@ -119,14 +163,19 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     config = polish_config(source.config, settings)
     numpy_policy = load_policy(source.policy_file, robot=config.robot.robot,
                                torque_limit=config.robot.torque_limit)
-    raised_from = dict(dict(numpy_policy.metadata or {}).get("polished") or {}).get("u_max_raised_from")
+    earlier = dict(dict(numpy_policy.metadata or {}).get("polished") or {})
+    raised_from = earlier.get("u_max_raised_from")
+    period_from = earlier.get("policy_period_changed_from")
+    if abs(numpy_policy.control_period - config.robot.policy_period) > 1e-12:
+        period_from = numpy_policy.control_period
     if settings.u_max > 0 and settings.u_max != numpy_policy.u_max:
         raised_from, numpy_policy = numpy_policy.u_max, replace(numpy_policy, u_max=settings.u_max)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
     policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
-    sampler = initial_distribution(config, source.next_trial, source.pool).sampler(config.device, config.torch_dtype)
+    pool = source.pool if settings.pool == "run" else policy_pool(config, numpy_policy)
+    sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
     sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     optimizer = settings.optimizer(config.optimizer)
@@ -147,11 +196,13 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     kept = result.steps if result.kept_step is None else result.kept_step
     metadata = {"polished": {"from": str(source.policy_file), "model": source.model_from, "steps": kept,
                              "settings": asdict(settings), "robot_time_s": 0.0,
-                             **({} if raised_from is None else {"u_max_raised_from": raised_from})}}
+                             **({} if raised_from is None else {"u_max_raised_from": raised_from}),
+                             **({} if period_from is None else {"policy_period_changed_from": period_from})}}
     policy_file = out / "policy.npz"
     save_policy(policy.to_numpy(config.robot.robot, config.robot.policy_period,
                                 {**dict(numpy_policy.metadata or {}), **metadata}), policy_file)
     summary = {"source_policy": str(source.policy_file), "model": source.model_from, "settings": asdict(settings),
+               "pool_states": int(len(pool)),
                "horizon_s": horizon_steps * config.robot.policy_period, "steps": result.steps,
                "skipped_steps": result.skipped_steps,
                "rollbacks": [list(r) for r in result.rollbacks], "stop_reason": result.stop_reason,
@@ -215,27 +266,33 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
 def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Path,
                   progress: bool = True) -> PolishResult:
     """Polish ``source``'s policy (OUT/round_1/), then again from each round's output (OUT/round_K/, Adam
-    restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge; the first
-    later round that does not is discarded and the rounds stop. OUT/policy.npz is the last round kept (round 1 is
-    kept as a single polish keeps it: the judge's best, the start included), OUT/polish.json that round's report
-    plus every round's (start and kept judge, kept step, kept or discarded). No robot time."""
+    restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge. A round
+    that does not is discarded; the next round starts from the last one kept with the next particle seed (seed + 1:
+    other starts and noise), up to ``settings.retries`` such rounds in a row, then the rounds stop (retries 0: at
+    the first). OUT/policy.npz is the last round kept (round 1 is kept as a single polish keeps it: the judge's
+    best, the start included), OUT/polish.json that round's report plus every round's (seed, start and kept judge,
+    kept step, kept or discarded). No robot time."""
     out = Path(out)
     source = replace(source)
-    chosen, rows = None, []
+    chosen, rows, seed, failures = None, [], settings.seed, 0
     for k in range(1, settings.rounds + 1):
-        result = polish(source, settings, out / f"round_{k}", progress)
+        result = polish(source, replace(settings, seed=seed), out / f"round_{k}", progress)
         start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
         gained = kept_score - start_score >= settings.round_gain
-        rows.append({"round": k, "policy": str(source.policy_file), "judge_start": start_score,
+        rows.append({"round": k, "seed": seed, "policy": str(source.policy_file), "judge_start": start_score,
                      "judge_kept": kept_score, "kept_step": result.kept_step, "folder": str(result.out),
                      "kept": gained or chosen is None})
         if chosen is None or gained:
             chosen = result
-        LOG.info("polish: round %d judge %.3f -> %.3f%s", k, start_score, kept_score,
-                 "" if gained else f": gains less than {settings.round_gain:g}, the rounds stop")
-        if not gained:
+            source.policy_file = result.policy_file
+        failures = 0 if gained else failures + 1
+        stop = failures > settings.retries
+        LOG.info("polish: round %d (seed %d) judge %.3f -> %.3f%s", k, seed, start_score, kept_score,
+                 "" if gained else f": gains less than {settings.round_gain:g}"
+                 + (", the rounds stop" if stop else f", the next round tries seed {seed + 1}"))
+        if stop:
             break
-        source.policy_file = result.policy_file
+        seed = seed if gained else seed + 1
     return _publish(chosen, out, {"rounds": rows})
 
 
@@ -247,6 +304,24 @@ def _publish(chosen: PolishResult, out: Path, extra: dict) -> PolishResult:
     summary = {**json.loads((chosen.out / "polish.json").read_text()), **extra, "policy": str(out / "policy.npz")}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     return replace(chosen, out=out, policy_file=out / "policy.npz")
+
+
+def policy_pool(config, numpy_policy) -> np.ndarray:
+    """The states (M, 4) ``numpy_policy`` meets right after each of the protocol's disturbances on the learner's
+    model, with the controller of ``config`` around it (the band's LQR, damping), on every pool seed
+    (``initial_state.disturbance_seeds``): the hand-overs as the protocol produces them for this policy. No robot
+    time."""
+    from ..control import build_controller
+    from .learner import post_disturbance_states
+
+    seeds = config.initial_state.disturbance_seeds
+    if not seeds:
+        raise ValueError("polish: pool 'policy' needs initial_state.disturbance_seeds in the training config")
+    policy = replace(numpy_policy, control_period=config.robot.policy_period)
+    states, _ = post_disturbance_states(build_controller(config.robot, policy), config.model_robot, seeds)
+    LOG.info("polish: %d post-disturbance starts from the policy's own protocol on the model (seeds %s)",
+             len(states), ", ".join(str(s) for s in seeds))
+    return states
 
 
 def polish_config(config, settings: PolishSettings):
