@@ -640,8 +640,7 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                            f"{values['torque_limit']}")
     if values["policy_period"] < values["control_period"]:
         raise ConfigError(source, "policy_period", "must not be shorter than control_period")
-    periods = values["policy_period"] / values["control_period"]
-    if abs(periods - round(periods)) > 1e-6:
+    if not whole_periods(values["policy_period"], values["control_period"]):
         raise ConfigError(source, "policy_period", f"{values['policy_period']} s is not a whole number of "
                                                    f"control periods ({values['control_period']} s)")
     dither = _section(reader, "dither", BalanceDitherConfig)
@@ -656,11 +655,16 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                        dither=dither, catch=catch, source=str(source) if source is not None else None, **values)
 
 
+def whole_periods(period: float, control_period: float) -> bool:
+    """Whether ``period`` (s) is one or more whole control periods: the controller acts only when a state comes."""
+    periods = period / control_period
+    return abs(periods - round(periods)) <= 1e-6 and round(periods) >= 1
+
+
 def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -> CatchConfig:
     catch = _section(reader, "catch", CatchConfig)
     source = reader.source
-    periods = catch.period / control_period
-    if abs(periods - round(periods)) > 1e-6 or round(periods) < 1:
+    if not whole_periods(catch.period, control_period):
         raise ConfigError(source, "catch.period", f"{catch.period} s is not a whole number of control periods "
                                                   f"({control_period} s)")
     if catch.horizon < catch.period:

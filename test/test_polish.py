@@ -49,6 +49,21 @@ def model_cost(source, policy_file: Path) -> float:
     return float(trajectory_cost(states, config.cost))
 
 
+def scripted_judge(monkeypatch, scores: list[float]) -> list[np.ndarray]:
+    """Replace the polish's judge by one that answers ``scores`` in turn; returns the list of the weights it was
+    shown, in order (each round's start is judged first)."""
+    answers, judged = iter(scores), []
+
+    def fake_judge(config, model, seeds, seconds):
+        def judge(policy):
+            judged.append(policy.weights.detach().clone().numpy())
+            return next(answers)
+        return judge
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    return judged
+
+
 def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     base = yaml.safe_load((REPO / "config" / "train_tiny.yaml").read_text())
     base["robot_config"] = str(REPO / "config" / "pendubot.yaml")
@@ -317,16 +332,7 @@ def test_rounds_go_on_from_each_kept_policy_while_the_judge_gains_enough(run, tm
     """polish.rounds / --rounds N: round K + 1 starts from round K's output while a round's judge gains at least
     round_gain over its start; the first round that gains less is discarded and the rounds stop."""
     # snapshots per round (start, step 2, step 4): round 1 gains 0.3, round 2 0.1, round 3 only 0.004 < 0.005
-    scores = iter([0.1, 0.4, 0.2, 0.4, 0.45, 0.5, 0.5, 0.504, 0.3])
-    judged: list[np.ndarray] = []
-
-    def fake_judge(config, model, seeds, seconds):
-        def judge(policy):
-            judged.append(policy.weights.detach().clone().numpy())
-            return next(scores)
-        return judge
-
-    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    judged = scripted_judge(monkeypatch, [0.1, 0.4, 0.2, 0.4, 0.45, 0.5, 0.5, 0.504, 0.3])
     source = load_source(run)
     settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=5, round_gain=0.005)
     result = polish_module.polish_rounds(source, settings, tmp_path / "out", progress=False)
@@ -479,16 +485,8 @@ def test_a_round_that_gains_too_little_may_retry_with_the_next_seed_before_the_r
     """polish.retries / --retries R: a round that gains less than round_gain is discarded and the next round starts
     from the last kept policy with the next particle seed; R such rounds in a row, then the rounds stop."""
     # (start, step 2, step 4) per round: gain, too little, gain with seed 1, too little, too little -> stop (R = 1)
-    scores = iter([0.1, 0.4, 0.2, 0.4, 0.402, 0.401, 0.4, 0.5, 0.45, 0.5, 0.5, 0.5, 0.5, 0.501, 0.5])
-    judged: list[np.ndarray] = []
-
-    def fake_judge(config, model, seeds, seconds):
-        def judge(policy):
-            judged.append(policy.weights.detach().clone().numpy())
-            return next(scores)
-        return judge
-
-    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    judged = scripted_judge(monkeypatch, [0.1, 0.4, 0.2, 0.4, 0.402, 0.401, 0.4, 0.5, 0.45, 0.5, 0.5, 0.5,
+                                          0.5, 0.501, 0.5])
     settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=8, retries=1)
     out = tmp_path / "out"
     polish_module.polish_rounds(load_source(run), settings, out, progress=False)

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import whole_periods
 from ..policy import load_policy, save_policy
 from .cost import CostSettings, with_height_term
 from .model import DynamicsModel
@@ -99,8 +100,7 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
     config = source.config
     if period <= 0 or abs(period - config.robot.policy_period) < 1e-12:
         return source
-    steps = period / config.robot.control_period
-    if abs(steps - round(steps)) > 1e-6:
+    if not whole_periods(period, config.robot.control_period):
         raise ValueError(f"polish: a policy period of {period} s is not a whole number of control periods "
                          f"({config.robot.control_period} s)")
     if config.horizon < period:
@@ -123,13 +123,14 @@ def _transitions(root: Path, config):
         from ..recording import load_sessions
 
         return load_sessions([root / "session"], config.robot).transitions(config.robot.actuated_joint)
-    from .learner import Learner
+    from ..recording.transitions import TransitionData
+    from .learner import learning_transitions
     from .runs import RunDirectory
 
-    run, learner = RunDirectory(root), Learner(config)
+    run, data = RunDirectory(root), TransitionData.empty()
     for k in run.completed_trials():
-        learner.add_trajectory(run.load_trial(k, config.robot.robot).trajectory)
-    return learner.data
+        data = data.concat(learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot))
+    return data
 
 
 def _run_source(root: Path) -> PolishSource:
