@@ -337,6 +337,7 @@ class SimDriverNode(ConfiguredNode):
 
     def _finish(self) -> None:
         self.finished = True
+        publish_final = not self._hidden_by_reset()
         if self._record:
             traj = self.robot.finish(self.duration + self._window_steps * self.dt)
             self.score = traj.score
@@ -351,12 +352,14 @@ class SimDriverNode(ConfiguredNode):
                                                     else self.k] for w in self.windows], dtype=np.int64).reshape(-1, 2),
                      disturbance_targets=np.array([w["target"] for w in self.windows]).reshape(-1, 2),
                      lockstep_timeouts=self.counters["lockstep_timeouts"],
+                     # the stamp (ns) of the final state, published below; -1: none, or stamped by the clock
+                     final_state_stamp_ns=self.k * self._dt_ns if publish_final and self.mode == "lockstep" else -1,
                      stale_steps=self.counters["stale_steps"], republished=self.counters["republished"])
             self.get_logger().info(f"done after {self.duration} s: score {self.score:.4f}, trajectory {path}")
         else:
             self.get_logger().info(f"done after {self.duration} s")
         self.publish_diagnostics()
-        if not self._hidden_by_reset():
+        if publish_final:
             self._publish_state()        # the state at duration: the end of the last interval
         if self.exit_when_done:
             if self.mode == "lockstep":

@@ -69,6 +69,7 @@ ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID", "ROS_LOG_DIR",
 LOCKSTEP_TIMEOUT = 5.0      # s of wall time before the simulated robot steps without an answer (busy machine)
 WATCHDOG_TIMEOUT = 5.0      # s, the controller's: lockstep time is simulated, the wall clock may lag
 POLL = 0.02                 # s between checks of a condition
+FINAL_STATE_TIMEOUT = 5.0   # s to wait for the trainer to record a trial's final state before the bag is closed
 
 
 class InterruptGuard:
@@ -383,6 +384,24 @@ class SimSession:
 
         return trial_start_state(self.cfg, k)
 
+    def _wait_for_final_state(self, record: Path, k: int) -> None:
+        """Before the bag is closed: wait until the trainer has recorded the simulated robot's final state.
+
+        The robot exits once the controller answered that state; the trainer receives it on its own, possibly
+        later, and a bag closed first would lack the trial's last sample. A trial whose final state never
+        arrives is kept as recorded (warning), as a real robot's would be."""
+        if not record.is_file():
+            return
+        with np.load(record) as data:
+            final = int(data["final_state_stamp_ns"]) if "final_state_stamp_ns" in data else -1
+        if final < 0:
+            return
+        try:
+            self.ros.wait(lambda: int(self.ros.value("trainer_node", "last_state_stamp_ns", "-1")) >= final,
+                          FINAL_STATE_TIMEOUT, f"trainer recording trial {k}'s final state")
+        except SessionError as exc:
+            self.say(f"warning: {exc}; the bag is closed without it")
+
     def is_disturbance_trial(self, k: int) -> bool:
         """Trial k begins with a disturbance window (``--disturbance-from``; never trial 0, which explores)."""
         return 1 <= self.disturbance_from <= k
@@ -415,6 +434,7 @@ class SimSession:
                  f"trainer recording the simulated robot ({self.nodes.tail(name)})")
         ros.set_bool(ros.enable, True, "arm the controller")
         ros.wait(lambda: sim.poll() is not None, self.o.trial_timeout, f"trial {k} finished")
+        self._wait_for_final_state(record, k)
         stopped = ros.trigger(ros.stop_trial, "stop_trial")
         ros.set_bool(ros.enable, False, "disarm the controller")
         self.nodes.stop(name)

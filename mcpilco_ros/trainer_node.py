@@ -21,8 +21,10 @@
   the session in a **separate, niced process** (the control loop's process and its executor are never
   blocked), which exports ``run_dir/policies/policy_NNN_<version>.npz`` (never overwriting), then sets the
   controller's ``policy`` parameter to that file and calls its ``~/reload_policy``.
-- ``diagnostics``: recording state, message counts, retrain state (started / finished counts) and the last
-  exported policy and reload answer (what ``mcpilco session`` waits on).
+- ``diagnostics``: recording state, message counts, the newest ``joint_states`` stamp recorded
+  (``last_state_stamp_ns``: a simulated robot exits once the *controller* answered its final state, so
+  ``mcpilco session`` waits for this to reach that state's stamp before ``~/stop_trial``), retrain state
+  (started / finished counts) and the last exported policy and reload answer (what ``mcpilco session`` waits on).
 
 The node never commands torque; the policy version written into each trial is the one the controller reports
 in its diagnostics (``policy_version`` key of the ``controller_node: controller`` status).
@@ -402,6 +404,7 @@ class TrainerNode(ConfiguredNode):
                   "trial_elapsed_s": time.monotonic() - self._trial_started if active else 0.0,
                   "messages": self.recorder.message_count if active else 0,
                   "states_recorded": self.recorder.counts.get(recording.STATE_TOPIC, 0) if active else 0,
+                  "last_state_stamp_ns": self.recorder.last_stamp_ns.get(recording.STATE_TOPIC, -1) if active else -1,
                   "session": str(self.session.root), "trials_recorded": len(self.session.bags()),
                   "retraining": self.retrain_proc is not None, "retrains_started": self.retrain_count,
                   "retrains_finished": self.retrains_finished,

@@ -147,15 +147,19 @@ def test_robot_profile_publishes_what_its_sensors_measure():
 
 
 @pytest.mark.parametrize("answer_final", [True, False])
-def test_lockstep_publishes_the_final_state_and_exits_once_it_is_answered(answer_final, monkeypatch):
+def test_lockstep_publishes_the_final_state_and_exits_once_it_is_answered(answer_final, monkeypatch, tmp_path):
     """duration 4 ms (2 steps): the state at duration goes out too (the end of the last interval); its answer
-    moves nothing and is not an unmatched command, and ends the process; unanswered, it ends after the wait."""
+    moves nothing and is not an unmatched command, and ends the process; unanswered, it ends after the wait.
+    The record file names that state's stamp (a session waits until the trainer has recorded it)."""
+    import numpy as np
+
     from mcpilco_ros import sim_driver_node
 
     monkeypatch.setattr(sim_driver_node, "FINAL_STATE_WAIT", 30.0 if answer_final else 0.3)   # answered: the
     # answer alone ends it
+    record = tmp_path / "trial.npz"
     with rig() as r:
-        sim, peer = connected(r, mode="lockstep", duration=0.004, exit_when_done=True)
+        sim, peer = connected(r, mode="lockstep", duration=0.004, exit_when_done=True, record_file=str(record))
         for k in range(2):
             wait_for(lambda k=k: any(stamp_ns(m) == k * 2_000_000 for m in peer.received), what=f"state {k}")
             peer.pub.publish(command((0.5, 0.0), stamp=k * 2_000_000))
@@ -165,3 +169,5 @@ def test_lockstep_publishes_the_final_state_and_exits_once_it_is_answered(answer
             peer.pub.publish(command((0.5, 0.0), stamp=4_000_000))
         wait_for(lambda: sim.done.is_set(), timeout=5, what="exit after the final state")
         assert sim.k == 2 and sim.counters["unmatched_commands"] == 0 and sim.counters["lockstep_timeouts"] == 0
+    with np.load(record) as data:
+        assert int(data["final_state_stamp_ns"]) == 4_000_000 and len(data["u"]) == 2

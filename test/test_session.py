@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,35 @@ def test_refuses_an_existing_session_and_too_few_trials(tmp_path):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=2))
     with pytest.raises(ValueError, match="at least 2"):
         SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "new", trials=1))
+
+
+def test_the_bag_closes_after_the_trainer_recorded_the_final_state_or_after_a_warning(tmp_path, monkeypatch):
+    """The simulated robot exits once the controller answered its final state; the trainer may receive that
+    state later. The session waits for the trainer's newest state stamp to reach the record's final stamp, and
+    closes the bag without it (a warning, the trial kept) if it never comes."""
+    from mcpilco_ros import sim_session
+    from mcpilco_ros.sim_session import RosClient
+
+    class Nodes:
+        def check_alive(self, watched) -> None:
+            pass
+
+    monkeypatch.setattr(sim_session, "FINAL_STATE_TIMEOUT", 0.2)
+    ros = RosClient.__new__(RosClient)
+    ros.nodes, ros.watched, ros.status = Nodes(), (), {}
+    session, said = SimSession.__new__(SimSession), []
+    session.ros, session.say = ros, said.append
+    record = tmp_path / "trial.npz"
+    np.savez(record, u=np.zeros((100, 2)), final_state_stamp_ns=2_000_000_000)
+    ros.status["trainer_node"] = {"last_state_stamp_ns": "2000000000"}
+    session._wait_for_final_state(record, 0)
+    assert said == []
+    ros.status["trainer_node"] = {"last_state_stamp_ns": "1998000000"}
+    started = time.monotonic()
+    session._wait_for_final_state(record, 3)
+    assert time.monotonic() - started >= 0.2
+    assert len(said) == 1 and "trial 3's final state: not reached within 0.2 s" in said[0]
+    assert "closed without" in said[0]
+    np.savez(record, u=np.zeros((100, 2)), final_state_stamp_ns=-1)        # none published: nothing to wait for
+    session._wait_for_final_state(record, 4)
+    assert len(said) == 1

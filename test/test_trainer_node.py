@@ -73,6 +73,12 @@ def test_start_stop_trial_records_a_bag(tmp_path, pendubot_config):
         robot.stream(300)
         wait_for(lambda: trainer.recorder.counts["joint_states"] == 300
                  and trainer.recorder.counts["joint_commands"] == 300, what="300 + 300 messages recorded")
+        # diagnostics name the newest state stamp recorded (a session waits for a trial's final state with it)
+        published = []
+        trainer.publish_status = lambda *args: published.append(args[-1])
+        trainer.publish_diagnostics()
+        assert published[-1]["states_recorded"] == 300
+        assert published[-1]["last_state_stamp_ns"] == 1_000_000_000 + 299 * 2_000_000
         answer = r.call(robot.stop, Trigger.Request())
         assert answer.success, answer.message
     bag = tmp_path / "session" / "trial_000"

@@ -331,6 +331,29 @@ def test_fast_joint_state_parser_matches_rosbags():
             assert np.array_equal(mine, theirs)
 
 
+def test_header_stamp_is_read_from_raw_cdr_as_rosbags_reads_it_and_the_recorder_keeps_the_newest(tmp_path):
+    """The trainer reports the newest state stamp it recorded (a session waits for a trial's final state with it)."""
+    rng = np.random.default_rng(1)
+    for ns in [0, 1, 999_999_999, 1_000_000_000, *rng.integers(0, 2 * 10**18, 50)]:
+        ns = int(ns)
+        msg = JS(header=HEADER(stamp=TIME(sec=ns // 10**9, nanosec=ns % 10**9), frame_id="policy"), name=["a"],
+                 position=np.zeros(1), velocity=np.zeros(1), effort=np.zeros(1))
+        for little in (True, False):
+            assert recording.header_stamp_ns(bytes(TS.serialize_cdr(msg, recording.JOINT_STATE_TYPE,
+                                                                    little_endian=little))) == ns
+    assert recording.header_stamp_ns(b"\x00\x01\x00\x00") is None           # truncated
+    assert recording.header_stamp_ns(b"junk that is not cdr") is None
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    assert recorder.last_stamp_ns == {}
+    for k in (3, 5, 4):                                                       # out of order: the newest stays
+        recorder.write(recording.STATE_TOPIC, joint_state(T0 + k * DT_NS, (0, 0), (0, 0)), T0)
+    recorder.write(recording.COMMAND_TOPIC, joint_state(T0 + 9 * DT_NS, effort=(0, 0)), T0)
+    recorder.write(recording.STATE_TOPIC, b"\x00\x01", T0)                  # stored, no stamp to read
+    assert recorder.last_stamp_ns == {recording.STATE_TOPIC: T0 + 5 * DT_NS, recording.COMMAND_TOPIC: T0 + 9 * DT_NS}
+    assert recorder.counts[recording.STATE_TOPIC] == 4
+    recorder.close()
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad samples (issue 13 item 4): non-finite, absurd, out of order or far-off stamps
 

@@ -45,6 +45,7 @@ from .bags import (
     UNKNOWN_MODE,
     TrialError,
     TrialRecorder,
+    header_stamp_ns,
 )
 from .reader import (
     BagProblem,
@@ -67,6 +68,6 @@ __all__ = [
     "BAG_VERSIONS", "COMMAND_TOPIC", "CRASHED_SUFFIX", "DIAGNOSTICS_TOPIC", "DIAGNOSTICS_TYPE", "JOINT_STATE_TYPE",
     "PARTIAL_SUFFIX", "SESSION_FILE", "STATE_TOPIC", "STORAGES", "UNKNOWN_MODE", "BagProblem", "LoadResult",
     "RawTrial", "ResampleSettings", "SessionDirectory", "TransitionData", "TrialData", "TrialError", "TrialRecorder",
-    "find_bags", "load_sessions", "load_trial", "parse_joint_state", "read_bag", "recover_session", "resample",
-    "salvage_bag", "transitions_from_trajectory",
+    "find_bags", "header_stamp_ns", "load_sessions", "load_trial", "parse_joint_state", "read_bag", "recover_session",
+    "resample", "salvage_bag", "transitions_from_trajectory",
 ]

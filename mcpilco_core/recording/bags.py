@@ -33,6 +33,21 @@ class TrialError(ValueError):
     """A bag or session cannot be used; the message names the file and the reason."""
 
 
+def header_stamp_ns(data: bytes | memoryview) -> int | None:
+    """The ``header.stamp`` (ns) of a raw CDR message whose first field is a std_msgs/Header (JointState,
+    DiagnosticArray), without deserialising it; None if ``data`` is too short or not CDR.
+
+    Why: the trainer reports the newest state it recorded, so that whoever stops a trial can first wait for the
+    robot's final state to arrive (it reaches the controller and the trainer in either order)."""
+    raw = bytes(data[:12])
+    if len(raw) < 12 or raw[0] != 0 or raw[1] not in (0, 1):
+        return None
+    order = "little" if raw[1] == 1 else "big"
+    sec = int.from_bytes(raw[4:8], order, signed=True)
+    nanosec = int.from_bytes(raw[8:12], order, signed=False)
+    return sec * 1_000_000_000 + nanosec
+
+
 def typestore(version: int = 9):
     """Message definitions for the bag's metadata: Humble's for version 8, Jazzy's (with type hashes) for 9."""
     from rosbags.typesys import Stores, get_typestore
@@ -74,6 +89,7 @@ class TrialRecorder:
                 raise TrialError(f"{path}: exists already; a recorder never overwrites a bag")
         self.flush_period = float(flush_period)
         self.counts: dict[str, int] = {}
+        self.last_stamp_ns: dict[str, int] = {}     # per topic: the newest header stamp written (ns)
         plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
         self._writer = Writer(self.partial, version=version, storage_plugin=plugin)
         for key, value in (custom_data or {}).items():
@@ -96,6 +112,9 @@ class TrialRecorder:
             raise TrialError(f"{self.final}: the recorder is closed")
         self._writer.write(self._connections[topic], int(timestamp_ns), data)
         self.counts[topic] += 1
+        stamp = header_stamp_ns(data)
+        if stamp is not None and stamp > self.last_stamp_ns.get(topic, -1):
+            self.last_stamp_ns[topic] = stamp
         if time.monotonic() - self._last_flush >= self.flush_period:
             self.flush()
 
