@@ -502,3 +502,71 @@ def test_a_round_that_gains_too_little_may_retry_with_the_next_seed_before_the_r
                               load_policy(out / "round_3" / "policy.npz").weights)
     assert cli.main(["polish", str(run), "--rounds", "2", "--retries", "-1", "--out", str(tmp_path / "bad")]) == 2
     assert "retries must be >= 0" in capsys.readouterr().err
+
+
+def _robot_config_variant(tmp_path: Path, name: str, **changes) -> Path:
+    """config/pendubot.yaml copied to tmp_path/name with ``changes`` to its parameters ("roa.enter_fraction": a
+    nested key), its plant models and ROA estimate beside it (the estimate is keyed by the LQR's fingerprint)."""
+    data = yaml.safe_load((REPO / "config" / "pendubot.yaml").read_text())
+    params = data["/**"]["ros__parameters"]
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        section = params
+        for part in path:
+            section = section[part]
+        section[last] = value
+    target = tmp_path / name
+    target.write_text(yaml.safe_dump(data))
+    shutil.copyfile(REPO / "config" / "plant_models.yaml", tmp_path / "plant_models.yaml")
+    shutil.copyfile(REPO / "config" / "pendubot.roa.json", target.with_suffix(".roa.json"))
+    return target
+
+
+def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tmp_path, monkeypatch, capsys):
+    """polish.robot_config / --robot-config: the judge's protocol and the policy pool run the named robot config's
+    controller (its switching, LQR, catch) around the policy; refused for another robot or another policy period."""
+    from mcpilco_core.config import load_robot_config
+
+    source = load_source(run)
+    variant = _robot_config_variant(tmp_path, "wide_band.yaml", **{"roa.enter_fraction": 5.0})
+    config = polish_module.polish_config(source.config, PolishSettings(robot_config=str(variant)))
+    assert config.robot == load_robot_config(variant) and config.robot.roa.enter_fraction == 5.0
+    assert source.config.robot.roa.enter_fraction == 4.0 and config.model_robot.plant == source.config.model_robot.plant
+    raised = polish_module.polish_config(source.config, PolishSettings(robot_config=str(variant), u_max=6.0))
+    assert raised.robot.roa.enter_fraction == 5.0 and raised.robot.u_max == 6.0
+    with pytest.raises(ValueError, match="is for the acrobot, the run's robot is the pendubot"):
+        polish_module.polish_config(source.config, PolishSettings(robot_config=str(REPO / "config" / "acrobot.yaml")))
+    fast = _robot_config_variant(tmp_path, "fast.yaml", policy_period=0.01)
+    with pytest.raises(ValueError, match="runs the policy every 0.01 s, the polish is for 0.02 s"):
+        polish_module.polish_config(source.config, PolishSettings(robot_config=str(fast)))
+    assert polish_module.polish_config(source.config, PolishSettings(robot_config=str(fast), policy_period=0.01))
+    with pytest.raises(ValueError, match="missing.yaml"):
+        polish_module.polish_config(source.config, PolishSettings(robot_config=str(tmp_path / "missing.yaml")))
+
+    seen: dict[str, list] = {"judge": [], "pool": []}
+
+    def fake_judge(config, model, seeds, seconds):
+        seen["judge"].append(config.robot)
+        return lambda policy: 0.5
+
+    pool = polish_module.policy_pool
+
+    def record_pool(config, policy):
+        seen["pool"].append(config.robot)
+        return pool(config, policy)
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    monkeypatch.setattr(polish_module, "policy_pool", record_pool)
+    settings = PolishSettings(steps=2, particles=8, snapshot_every=1, pool="policy", robot_config=str(variant))
+    polish(source, settings, tmp_path / "wide", progress=False)
+    assert [robot.roa.enter_fraction for robot in seen["judge"] + seen["pool"]] == [5.0, 5.0]
+    report = json.loads((tmp_path / "wide" / "polish.json").read_text())
+    assert report["settings"]["robot_config"] == str(variant)
+    metadata = load_policy(tmp_path / "wide" / "policy.npz").metadata
+    assert metadata["polished"]["settings"]["robot_config"] == str(variant)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--robot-config", str(variant),
+                     "--out", str(tmp_path / "cli")]) == 0
+    assert f"for the controller of {variant}" in capsys.readouterr().out
+    assert cli.main(["polish", str(run), "--robot-config", str(REPO / "config" / "acrobot.yaml"),
+                     "--out", str(tmp_path / "refused")]) == 2
+    assert "is for the acrobot" in capsys.readouterr().err and not (tmp_path / "refused").exists()

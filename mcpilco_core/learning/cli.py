@@ -114,6 +114,9 @@ def register(subparsers) -> None:
     p.add_argument("--pool", choices=["run", "policy"], default=None,
                    help="the particles' post-disturbance starts: the run's pool (default), or the states the policy "
                         "being polished meets after the protocol's disturbances on the model (no robot time)")
+    p.add_argument("--robot-config", default=None,
+                   help="robot config the polished policy will run with (default: the run's): the judge's protocol "
+                        "and --pool policy run its controller (switching, LQR, catch) around the policy")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -240,7 +243,7 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale,
                                  candidates=args.candidates, horizon=args.horizon, u_max=args.u_max,
                                  rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
-                                 pool=args.pool, retries=args.retries)
+                                 pool=args.pool, retries=args.retries, robot_config=args.robot_config)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
@@ -259,6 +262,7 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
           + (f", policy bound raised to {settings.u_max:g} N m" if settings.u_max > 0 else "")
           + (", starts from the policy's own post-disturbance states" if settings.pool == "policy" else "")
+          + (f", for the controller of {settings.robot_config}" if settings.robot_config else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     out = args.out or args.run / "polish"
     if files:

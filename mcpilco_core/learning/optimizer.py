@@ -100,7 +100,11 @@ class PolishSettings:
     model met with the trials' policies) or "policy" (the states the policy being polished meets after the
     protocol's disturbances on the learner's model, ``initial_state.disturbance_seeds``; no robot time; each round
     its own). Why: the protocol hands the policy the states it leaves when disturbed, mostly near the top for a
-    policy that balances, where the run's pool holds what the trials' weaker policies left. No
+    policy that balances, where the run's pool holds what the trials' weaker policies left;
+    robot_config: the robot config file the polished policy will run with ('' = the run's; a path as given, from
+    the working directory): the judge's protocol and the "policy" pool run its controller (switching, LQR, the
+    catch) around the policy; same robot, same policy period. Why: the acrobot's opt-in catch (acrobot_catch.yaml)
+    takes hand-overs the LQR drops, so a policy polished for it may hand over differently. No
     dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
@@ -124,6 +128,7 @@ class PolishSettings:
     policy_period: float = 0.0
     pool: str = "run"
     retries: int = 0
+    robot_config: str = ""
 
     def __post_init__(self) -> None:
         if self.pool not in POLISH_POOLS:

@@ -20,6 +20,7 @@ given back).
     mcpilco polish RUN --policy FILE --steps 1500 --out RUN/polish
     mcpilco polish RUN --candidates 3        # the choice's three best ranked, each polished, the best judged kept
     mcpilco polish RUN --policy-period 0.01  # the policy polished for 100 Hz on the model refitted at 10 ms
+    mcpilco polish RUN --robot-config config/acrobot_catch.yaml   # judged with the controller it will run in
 
 Writes ``OUT/policy.npz`` (metadata: what was polished, on which model, the kept step), ``OUT/polish.json``
 (settings, cost per step, judged snapshots, wall time, robot time 0) and ``OUT/polish_curve.png``.
@@ -326,14 +327,36 @@ def policy_pool(config, numpy_policy) -> np.ndarray:
 
 
 def polish_config(config, settings: PolishSettings):
-    """The training config the polish runs with: the run's, with the robot config's policy bound raised to
-    ``settings.u_max`` when given (the judge's protocol clips the policy there, as the controller does)."""
+    """The training config the polish runs with: the run's, with ``settings.robot_config``'s robot config (the
+    controller the policy will run in) when given, and its policy bound raised to ``settings.u_max`` when given
+    (the judge's protocol clips the policy there, as the controller does)."""
+    if settings.robot_config:
+        config = replace(config, robot=_controller_config(config.robot, settings))
     if settings.u_max <= 0:
         return config
     if settings.u_max > config.robot.torque_limit:
         raise ValueError(f"polish: u_max {settings.u_max} N m exceeds the torque limit "
                          f"{config.robot.torque_limit} N m")
     return replace(config, robot=replace(config.robot, u_max=max(config.robot.u_max, settings.u_max)))
+
+
+def _controller_config(robot, settings: PolishSettings):
+    """The robot config named by ``settings.robot_config``; refused unless it is the run's robot at the polish's
+    policy period (``settings.policy_period``, else the run's)."""
+    from ..config import ConfigError, load_robot_config
+
+    try:
+        loaded = load_robot_config(settings.robot_config)
+    except (ConfigError, OSError) as exc:
+        raise ValueError(f"polish: robot config: {exc}") from exc
+    period = settings.policy_period if settings.policy_period > 0 else robot.policy_period
+    if loaded.robot != robot.robot:
+        raise ValueError(f"polish: robot config {settings.robot_config} is for the {loaded.robot}, the run's robot is "
+                         f"the {robot.robot}")
+    if abs(loaded.policy_period - period) > 1e-12:
+        raise ValueError(f"polish: robot config {settings.robot_config} runs the policy every "
+                         f"{loaded.policy_period} s, the polish is for {period} s")
+    return loaded
 
 
 def polish_horizon(config, settings: PolishSettings) -> float:
