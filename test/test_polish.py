@@ -109,7 +109,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
-                                  "pool": "run", "retries": 0}
+                                  "pool": "run", "retries": 0, "robot_config": ""}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
