@@ -109,7 +109,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
     assert report["settings"] == {"steps": 40, "lr": 0.01, "particles": 32, "seed": 0, "snapshot_every": 0,
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
-                                  "pool": "run", "retries": 0, "robot_config": ""}
+                                  "pool": "run", "retries": 0, "robot_config": "",
+                                  "add_basis": 0}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -570,3 +571,36 @@ def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tm
     assert cli.main(["polish", str(run), "--robot-config", str(REPO / "config" / "acrobot.yaml"),
                      "--out", str(tmp_path / "refused")]) == 2
     assert "is for the acrobot" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+
+
+def test_basis_functions_can_be_added_on_the_post_disturbance_starts_without_changing_the_policy(run, tmp_path,
+                                                                                               monkeypatch):
+    """polish.add_basis / --add-basis N: N more basis functions centred on the pool's states with weight 0 -- the
+    same torques everywhere -- before the polish; in rounds, before the first round only."""
+    from mcpilco_core.policy import features
+
+    source = load_source(run)
+    policy = load_policy(source.policy_file)
+    states = np.random.default_rng(0).uniform(-8, 8, size=(30, 4))
+    grown = polish_module.with_added_basis(policy, states, 12, np.random.default_rng(1))
+    assert grown.centers.shape == (len(policy.weights) + 12, 6) and np.all(grown.weights[-12:] == 0.0)
+    new_centres = grown.centers[-12:]
+    assert all(np.any(np.all(np.isclose(features(states), c), axis=1)) for c in new_centres)
+    assert len({tuple(c) for c in new_centres}) == 12                      # without replacement while enough
+    probe = np.random.default_rng(2).uniform(-10, 10, size=(200, 4))
+    np.testing.assert_allclose([grown(x) for x in probe], [policy(x) for x in probe], rtol=1e-12, atol=1e-15)
+    assert polish_module.with_added_basis(policy, states[:3], 5, np.random.default_rng(1)).centers.shape[0] == \
+        len(policy.weights) + 5                                             # with replacement when too few
+    with pytest.raises(ValueError, match="add_basis must be >= 0"):
+        PolishSettings(add_basis=-1)
+
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--add-basis", "7",
+                     "--out", str(tmp_path / "grown")]) == 0
+    polished = load_policy(tmp_path / "grown" / "policy.npz")
+    assert len(polished.weights) == len(policy.weights) + 7
+    assert polished.metadata["polished"]["basis_added_to"] == len(policy.weights)
+    scripted_judge(monkeypatch, [0.1, 0.2, 0.2, 0.3])                        # round 1 gains, round 2 gains
+    settings = PolishSettings(steps=2, particles=8, snapshot_every=2, rounds=2, add_basis=4)
+    result = polish_module.polish_rounds(source, settings, tmp_path / "rounds", progress=False)
+    assert len(load_policy(tmp_path / "rounds" / "round_1" / "policy.npz").weights) == len(policy.weights) + 4
+    assert len(load_policy(result.policy_file).weights) == len(policy.weights) + 4   # round 2 added none

@@ -117,6 +117,9 @@ def register(subparsers) -> None:
     p.add_argument("--robot-config", default=None,
                    help="robot config the polished policy will run with (default: the run's): the judge's protocol "
                         "and --pool policy run its controller (switching, LQR, catch) around the policy")
+    p.add_argument("--add-basis", type=int, default=None,
+                   help="add this many basis functions before the polish, centred on post-disturbance starts, "
+                        "weight 0 (the policy unchanged until optimised; default 0)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -243,7 +246,8 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  seed=args.seed, height_weight=args.height_weight, height_scale=args.height_scale,
                                  candidates=args.candidates, horizon=args.horizon, u_max=args.u_max,
                                  rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
-                                 pool=args.pool, retries=args.retries, robot_config=args.robot_config)
+                                 pool=args.pool, retries=args.retries, robot_config=args.robot_config,
+                                 add_basis=args.add_basis)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
@@ -263,6 +267,7 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", policy bound raised to {settings.u_max:g} N m" if settings.u_max > 0 else "")
           + (", starts from the policy's own post-disturbance states" if settings.pool == "policy" else "")
           + (f", for the controller of {settings.robot_config}" if settings.robot_config else "")
+          + (f", {settings.add_basis} basis functions added" if settings.add_basis else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     out = args.out or args.run / "polish"
     if files:

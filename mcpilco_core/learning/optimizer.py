@@ -104,7 +104,11 @@ class PolishSettings:
     robot_config: the robot config file the polished policy will run with ('' = the run's; a path as given, from
     the working directory): the judge's protocol and the "policy" pool run its controller (switching, LQR, the
     catch) around the policy; same robot, same policy period. Why: the acrobot's opt-in catch (acrobot_catch.yaml)
-    takes hand-overs the LQR drops, so a policy polished for it may hand over differently. No
+    takes hand-overs the LQR drops, so a policy polished for it may hand over differently;
+    add_basis: this many basis functions added before the polish (rounds: before the first), centred on states of
+    the particles' post-disturbance pool, with weight 0 -- the policy is unchanged until the optimiser moves them.
+    Why: the policy's 200 centres were placed for the swing-up from rest; the protocol hands over fast states
+    where few of them reach. No
     dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
@@ -129,10 +133,13 @@ class PolishSettings:
     pool: str = "run"
     retries: int = 0
     robot_config: str = ""
+    add_basis: int = 0
 
     def __post_init__(self) -> None:
         if self.pool not in POLISH_POOLS:
             raise ValueError(f"polish: pool must be one of {', '.join(POLISH_POOLS)}, got {self.pool!r}")
+        if self.add_basis < 0:
+            raise ValueError(f"polish: add_basis must be >= 0, got {self.add_basis}")
         if self.retries < 0:
             raise ValueError(f"polish: retries must be >= 0, got {self.retries}")
         if self.rounds < 1 or (self.rounds > 1 and self.snapshot_every < 1):

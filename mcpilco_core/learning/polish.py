@@ -175,8 +175,13 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
-    policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     pool = source.pool if settings.pool == "run" else policy_pool(config, numpy_policy)
+    added_from = None
+    if settings.add_basis > 0:
+        added_from = len(numpy_policy.weights)
+        numpy_policy = with_added_basis(numpy_policy, pool, settings.add_basis,
+                                        np.random.default_rng([config.seed, POLISH_STREAM, settings.seed]))
+    policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
     sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
@@ -199,7 +204,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     metadata = {"polished": {"from": str(source.policy_file), "model": source.model_from, "steps": kept,
                              "settings": asdict(settings), "robot_time_s": 0.0,
                              **({} if raised_from is None else {"u_max_raised_from": raised_from}),
-                             **({} if period_from is None else {"policy_period_changed_from": period_from})}}
+                             **({} if period_from is None else {"policy_period_changed_from": period_from}),
+                             **({} if added_from is None else {"basis_added_to": added_from})}}
     policy_file = out / "policy.npz"
     save_policy(policy.to_numpy(config.robot.robot, config.robot.policy_period,
                                 {**dict(numpy_policy.metadata or {}), **metadata}), policy_file)
@@ -278,7 +284,8 @@ def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Pat
     source = replace(source)
     chosen, rows, seed, failures = None, [], settings.seed, 0
     for k in range(1, settings.rounds + 1):
-        result = polish(source, replace(settings, seed=seed), out / f"round_{k}", progress)
+        round_settings = replace(settings, seed=seed, add_basis=settings.add_basis if k == 1 else 0)
+        result = polish(source, round_settings, out / f"round_{k}", progress)
         start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
         gained = kept_score - start_score >= settings.round_gain
         rows.append({"round": k, "seed": seed, "policy": str(source.policy_file), "judge_start": start_score,
@@ -306,6 +313,19 @@ def _publish(chosen: PolishResult, out: Path, extra: dict) -> PolishResult:
     summary = {**json.loads((chosen.out / "polish.json").read_text()), **extra, "policy": str(out / "policy.npz")}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     return replace(chosen, out=out, policy_file=out / "policy.npz")
+
+
+def with_added_basis(policy, states: np.ndarray, count: int, rng: np.random.Generator):
+    """``policy`` with ``count`` more basis functions centred on the features of ``states`` (M, 4) drawn by
+    ``rng`` (without replacement while there are enough), each with weight 0: the same torques everywhere."""
+    from ..policy import features
+
+    states = np.asarray(states, dtype=np.float64).reshape(-1, 4)
+    if len(states) == 0:
+        raise ValueError("polish: add_basis needs post-disturbance states to centre the new basis functions on")
+    rows = rng.choice(len(states), size=count, replace=count > len(states))
+    return replace(policy, centers=np.vstack([policy.centers, features(states[rows])]),
+                   weights=np.concatenate([policy.weights, np.zeros(count)]))
 
 
 def policy_pool(config, numpy_policy) -> np.ndarray:
