@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -76,12 +77,20 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"height_scale": 0.0}, "polish.height_scale"), ({"horizon": -1.0}, "polish.horizon"),
                        ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain"),
                        ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
-                       ({"retries": -1}, "polish.retries")):
+                       ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
+                       ({"add_basis": -1}, "polish.add_basis")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
     with pytest.raises(ValueError, match="learning rate"):
         PolishSettings(lr=float("nan"))
+    every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
+             "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
+             "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
+             "add_basis": 20}
+    assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
+    path.write_text(yaml.safe_dump({**base, "polish": every}))
+    assert load_train_config(path).polish == PolishSettings(**every)
 
 
 def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path, monkeypatch):

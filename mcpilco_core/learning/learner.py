@@ -391,7 +391,9 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           round_gain=r.number("round_gain", d.round_gain, nonnegative=True),
                           policy_period=r.number("policy_period", d.policy_period, nonnegative=True),
                           pool=r.string("pool", d.pool, choices=list(POLISH_POOLS)),
-                          retries=r.integer("retries", d.retries, minimum=0))
+                          retries=r.integer("retries", d.retries, minimum=0),
+                          robot_config=r.string("robot_config", d.robot_config),
+                          add_basis=r.integer("add_basis", d.add_basis, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
