@@ -486,8 +486,18 @@ def test_the_policys_own_post_disturbance_states_can_start_the_particles(run, tm
     assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--out", str(tmp_path / "run")]) == 0
     np.testing.assert_array_equal(pools[-1], source.pool)
     assert json.loads((tmp_path / "run" / "polish.json").read_text())["pool_states"] == len(source.pool)
-    with pytest.raises(ValueError, match="pool must be one of run, policy"):
+    with pytest.raises(ValueError, match="pool must be one of run, policy, judge"):
         PolishSettings(pool="robot")
+    # "judge": the same, on the robot the judge runs on (the learner's own identified robot), never the robot
+    from mcpilco_core.learning.protocol import on_model
+
+    robot, profile = on_model(config, source.model)
+    judged, _ = learner.post_disturbance_states(build_controller(config.robot, policy), robot, seeds, profile=profile)
+    np.testing.assert_array_equal(polish_module.policy_pool(config, policy, source.model), judged)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--pool", "judge",
+                     "--out", str(tmp_path / "judge")]) == 0
+    assert "post-disturbance states on the judge's robot" in capsys.readouterr().out
+    np.testing.assert_array_equal(pools[-1], judged)
 
 
 def test_a_round_that_gains_too_little_may_retry_with_the_next_seed_before_the_rounds_stop(run, tmp_path,
@@ -561,9 +571,9 @@ def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tm
 
     pool = polish_module.policy_pool
 
-    def record_pool(config, policy):
+    def record_pool(config, policy, model=None):
         seen["pool"].append(config.robot)
-        return pool(config, policy)
+        return pool(config, policy, model)
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
     monkeypatch.setattr(polish_module, "policy_pool", record_pool)

@@ -111,9 +111,10 @@ def register(subparsers) -> None:
     p.add_argument("--retries", type=int, default=None,
                    help="after a round that gains too little, try the next particle seed this many rounds in a row "
                         "before the rounds stop (default 0)")
-    p.add_argument("--pool", choices=["run", "policy"], default=None,
+    p.add_argument("--pool", choices=["run", "policy", "judge"], default=None,
                    help="the particles' post-disturbance starts: the run's pool (default), or the states the policy "
-                        "being polished meets after the protocol's disturbances on the model (no robot time)")
+                        "being polished meets after the protocol's disturbances on the prior's plant (policy) or "
+                        "on the robot the judge runs on (judge; no robot time)")
     p.add_argument("--robot-config", default=None,
                    help="robot config the polished policy will run with (default: the run's): the judge's protocol "
                         "and --pool policy run its controller (switching, LQR, catch) around the policy")
@@ -265,7 +266,8 @@ def _run_polish(args: argparse.Namespace) -> int:
           f"{settings.lr:g}, {settings.particles} particles, no dropout"
           + (f", below-the-line term weight {settings.height_weight:g}" if settings.height_weight > 0 else "")
           + (f", policy bound raised to {settings.u_max:g} N m" if settings.u_max > 0 else "")
-          + (", starts from the policy's own post-disturbance states" if settings.pool == "policy" else "")
+          + (", starts from the policy's own post-disturbance states" if settings.pool != "run" else "")
+          + (" on the judge's robot" if settings.pool == "judge" else "")
           + (f", for the controller of {settings.robot_config}" if settings.robot_config else "")
           + (f", {settings.add_basis} basis functions added" if settings.add_basis else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")

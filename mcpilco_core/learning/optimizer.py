@@ -71,7 +71,7 @@ class OptimizerSettings:
     snapshot_start: bool = True
 
 
-POLISH_POOLS = ("run", "policy")
+POLISH_POOLS = ("run", "policy", "judge")
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,11 @@ class PolishSettings:
     pool: where the particles' post-disturbance starts come from: "run" (the run's pool: the states the learner's
     model met with the trials' policies) or "policy" (the states the policy being polished meets after the
     protocol's disturbances on the learner's model, ``initial_state.disturbance_seeds``; no robot time; each round
-    its own). Why: the protocol hands the policy the states it leaves when disturbed, mostly near the top for a
-    policy that balances, where the run's pool holds what the trials' weaker policies left;
+    its own) or "judge" (the same on the robot the judge runs on, :func:`protocol.on_model`: with
+    ``gp.identify_robot`` the robot identified at the state rate, its friction, delay, motor lag and noise). Why:
+    the protocol hands the policy the states it leaves when disturbed, mostly near the top for a policy that
+    balances, where the run's pool holds what the trials' weaker policies left; "judge" because on a robot that is
+    not the prior (the proxy's friction) the prior's plant hands over elsewhere;
     robot_config: the robot config file the polished policy will run with ('' = the run's; a path as given, from
     the working directory): the judge's protocol and the "policy" pool run its controller (switching, LQR, the
     catch) around the policy; same robot, same policy period. Why: the acrobot's opt-in catch (acrobot_catch.yaml)

@@ -175,7 +175,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
-    pool = source.pool if settings.pool == "run" else policy_pool(config, numpy_policy)
+    pool = (source.pool if settings.pool == "run" else
+            policy_pool(config, numpy_policy, source.model if settings.pool == "judge" else None))
     added_from = None
     if settings.add_basis > 0:
         added_from = len(numpy_policy.weights)
@@ -328,21 +329,24 @@ def with_added_basis(policy, states: np.ndarray, count: int, rng: np.random.Gene
                    weights=np.concatenate([policy.weights, np.zeros(count)]))
 
 
-def policy_pool(config, numpy_policy) -> np.ndarray:
-    """The states (M, 4) ``numpy_policy`` meets right after each of the protocol's disturbances on the learner's
-    model, with the controller of ``config`` around it (the band's LQR, damping), on every pool seed
-    (``initial_state.disturbance_seeds``): the hand-overs as the protocol produces them for this policy. No robot
-    time."""
+def policy_pool(config, numpy_policy, model: DynamicsModel | None = None) -> np.ndarray:
+    """The states (M, 4) ``numpy_policy`` meets right after each of the protocol's disturbances, with the
+    controller of ``config`` around it (the band's LQR, damping), on every pool seed
+    (``initial_state.disturbance_seeds``): the hand-overs as the protocol produces them for this policy. Simulated
+    on the prior's plant as the trials' own pool is (``config.model_robot``), or with ``model`` on the robot the
+    judge runs on (:func:`protocol.on_model`). No robot time."""
     from ..control import build_controller
     from .learner import post_disturbance_states
+    from .protocol import on_model
 
     seeds = config.initial_state.disturbance_seeds
     if not seeds:
-        raise ValueError("polish: pool 'policy' needs initial_state.disturbance_seeds in the training config")
+        raise ValueError("polish: a policy pool needs initial_state.disturbance_seeds in the training config")
     policy = replace(numpy_policy, control_period=config.robot.policy_period)
-    states, _ = post_disturbance_states(build_controller(config.robot, policy), config.model_robot, seeds)
-    LOG.info("polish: %d post-disturbance starts from the policy's own protocol on the model (seeds %s)",
-             len(states), ", ".join(str(s) for s in seeds))
+    robot, profile = (config.model_robot, None) if model is None else on_model(config, model)
+    states, _ = post_disturbance_states(build_controller(config.robot, policy), robot, seeds, profile=profile)
+    LOG.info("polish: %d post-disturbance starts from the policy's own protocol on %s (seeds %s)", len(states),
+             "the prior's plant" if model is None else "the judge's robot", ", ".join(str(s) for s in seeds))
     return states
 
 
