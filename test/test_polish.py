@@ -552,6 +552,11 @@ def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tm
     config = polish_module.polish_config(source.config, PolishSettings(robot_config=str(variant)))
     assert config.robot == load_robot_config(variant) and config.robot.roa.enter_fraction == 5.0
     assert source.config.robot.roa.enter_fraction == 4.0 and config.model_robot.plant == source.config.model_robot.plant
+    # a controller designed on another plant: the controller's plant changes, the learner's prior (the pool's) not
+    other = _robot_config_variant(tmp_path, "other_plant.yaml", plant_model="model_1.0")
+    designed = polish_module.polish_config(source.config, PolishSettings(robot_config=str(other)))
+    assert designed.robot.plant == load_robot_config(other).plant != source.config.model_robot.plant
+    assert designed.model_robot.plant == source.config.model_robot.plant
     raised = polish_module.polish_config(source.config, PolishSettings(robot_config=str(variant), u_max=6.0))
     assert raised.robot.roa.enter_fraction == 5.0 and raised.robot.u_max == 6.0
     with pytest.raises(ValueError, match="is for the acrobot, the run's robot is the pendubot"):

@@ -78,7 +78,7 @@ def load_source(root: str | Path, policy_file: str | Path | None = None) -> Poli
     (``mcpilco session``). Default policy: the selected one (RUN/selection.json, from ``mcpilco select``), else the
     newest."""
     root = Path(root)
-    if (root / "retrain").is_dir() and (root / "session").is_dir():
+    if _is_session(root):
         source = _session_source(root)
     else:
         source = _run_source(root)
@@ -120,7 +120,7 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
 
 def _transitions(root: Path, config):
     """Every recorded trial of the run or session at ``root``, as transitions at ``config``'s policy period."""
-    if (root / "retrain").is_dir() and (root / "session").is_dir():
+    if _is_session(root):
         from ..recording import load_sessions
 
         return load_sessions([root / "session"], config.robot).transitions(config.robot.actuated_joint)
@@ -132,6 +132,11 @@ def _transitions(root: Path, config):
     for k in run.completed_trials():
         data = data.concat(learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot))
     return data
+
+
+def _is_session(root: Path) -> bool:
+    """A session directory (``mcpilco session --out``) rather than a run directory (``mcpilco train --out``)."""
+    return (root / "retrain").is_dir() and (root / "session").is_dir()
 
 
 def _run_source(root: Path) -> PolishSource:
@@ -177,14 +182,14 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
     pool = (source.pool if settings.pool == "run" else
             policy_pool(config, numpy_policy, source.model if settings.pool == "judge" else None))
+    sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
     added_from = None
     if settings.add_basis > 0:
         added_from = len(numpy_policy.weights)
         numpy_policy = with_added_basis(numpy_policy, pool, settings.add_basis,
-                                        np.random.default_rng([config.seed, POLISH_STREAM, settings.seed]))
+                                        np.random.default_rng(sequence.spawn(1)[0]))
     policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
-    sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     optimizer = settings.optimizer(config.optimizer)
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
@@ -354,8 +359,9 @@ def polish_config(config, settings: PolishSettings):
     """The training config the polish runs with: the run's, with ``settings.robot_config``'s robot config (the
     controller the policy will run in) when given, and its policy bound raised to ``settings.u_max`` when given
     (the judge's protocol clips the policy there, as the controller does)."""
-    if settings.robot_config:
-        config = replace(config, robot=_controller_config(config.robot, settings))
+    if settings.robot_config:      # the controller changes; the learner's prior plant (the pool's) does not
+        config = replace(config, robot=_controller_config(config.robot, settings),
+                         prior_plant=config.model_robot.plant)
     if settings.u_max <= 0:
         return config
     if settings.u_max > config.robot.torque_limit:
