@@ -106,8 +106,9 @@ class PolishSettings:
     not the prior (the proxy's friction) the prior's plant hands over elsewhere;
     robot_config: the robot config file the polished policy will run with ('' = the run's; a path as given, from
     the working directory): the judge's protocol and the "policy" pool run its controller (switching, LQR, the
-    catch) around the policy; same robot, same policy period. Why: the acrobot's opt-in catch (acrobot_catch.yaml)
-    takes hand-overs the LQR drops, so a policy polished for it may hand over differently;
+    catch) around the policy; same robot, same policy period; the learner's prior plant stays the run's. Why:
+    the acrobot's opt-in catch (acrobot_catch.yaml) takes hand-overs the LQR drops, so a policy polished for it may
+    hand over differently;
     add_basis: this many basis functions added before the polish (rounds: before the first), centred on states of
     the particles' post-disturbance pool, with weight 0 -- the policy is unchanged until the optimiser moves them.
     Why: the policy's 200 centres were placed for the swing-up from rest; the protocol hands over fast states
