@@ -166,6 +166,33 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     assert reloaded.snapshots == opt.snapshots and reloaded.kept_step == opt.kept_step
 
 
+def test_fresh_snapshot_seeds_give_each_trial_a_judge_of_its_own(tmp_path, monkeypatch):
+    """optimizer.snapshot_fresh: trial k judges its snapshots, the warm start included, on the snapshot seeds shifted
+    by (k - 1) times their count, so a later trial's bar is not the earlier trial's maximum on the same seeds."""
+    from mcpilco_core.learning import protocol
+
+    seen: list[tuple[int, ...]] = []
+    real = protocol.protocol_judge
+
+    def recording_judge(config, model, seeds, seconds):
+        seen.append(tuple(seeds))
+        return real(config, model, seeds, seconds)
+
+    monkeypatch.setattr(protocol, "protocol_judge", recording_judge)
+    base = load_train_config(TINY, "pendubot")
+    snap = replace(base.optimizer, snapshot_every=20, snapshot_seeds=(3000, 3001), snapshot_seconds=2.0)
+    path = tmp_path / "train.yaml"
+    path.write_text(f"base: {TINY}\noptimizer: {{snapshot_every: 20, snapshot_fresh: true}}\n")
+    assert load_train_config(path, "pendubot").optimizer.snapshot_fresh
+    assert snap.judge_seeds(3) == (3000, 3001) and replace(snap, snapshot_fresh=True).judge_seeds(3) == (3004, 3005)
+    records = train(replace(base, trials=3, optimizer=replace(snap, snapshot_fresh=True)), tmp_path / "run")
+    assert seen == [(3000, 3001), (3002, 3003)]
+    assert all(r.optimization.snapshots[0][0] == 0 for r in records[1:])      # each start judged on its seeds
+    seen.clear()
+    train(replace(base, trials=3, optimizer=snap), tmp_path / "same")
+    assert seen == [(3000, 3001), (3000, 3001)]
+
+
 def test_several_first_starts_keep_the_best_judged_one_and_later_trials_warm_start_from_it(tmp_path):
     """optimizer.starts_first: the first optimisation runs from that many random policies (start 0 = the trial's
     own generator, as with one start) and keeps the one whose best snapshot scored highest."""

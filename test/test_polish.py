@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +78,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain"),
                        ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
                        ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
-                       ({"add_basis": -1}, "polish.add_basis")):
+                       ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -87,7 +87,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
-             "add_basis": 20}
+             "add_basis": 20, "judge_seeds": 8}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -119,7 +119,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
-                                  "add_basis": 0}
+                                  "add_basis": 0, "judge_seeds": 0}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -522,6 +522,43 @@ def test_a_round_that_gains_too_little_may_retry_with_the_next_seed_before_the_r
                               load_policy(out / "round_3" / "policy.npz").weights)
     assert cli.main(["polish", str(run), "--rounds", "2", "--retries", "-1", "--out", str(tmp_path / "bad")]) == 2
     assert "retries must be >= 0" in capsys.readouterr().err
+
+
+def test_each_round_may_be_judged_on_new_seeds_with_its_start_judged_again(run, tmp_path, monkeypatch, capsys):
+    """polish.judge_seeds / --judge-seeds N: round k's snapshots, its start included, are judged on N protocol seeds
+    of their own (the first snapshot seed + N (k - 1) onwards), so a round's bar is not the previous round's
+    maximum on the same seeds; 0 keeps the training's snapshot seeds in every round."""
+    calls: list[tuple[int, ...]] = []
+    scores = iter([0.1, 0.4, 0.2, 0.3, 0.35, 0.31, 0.3, 0.302, 0.3])   # per round: start, step 2, step 4
+
+    def fake_judge(config, model, seeds, seconds):
+        calls.append(tuple(seeds))
+        return lambda policy: next(scores)
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    source = load_source(run)
+    first = source.config.optimizer.snapshot_seeds[0]
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=5, judge_seeds=3)
+    out = tmp_path / "out"
+    polish_module.polish_rounds(source, settings, out, progress=False)
+    assert calls == [tuple(range(first + 3 * k, first + 3 * k + 3)) for k in range(3)]
+    report = json.loads((out / "polish.json").read_text())
+    # round 2's start was 0.4 on round 1's seeds and is 0.3 on its own: its 0.35 is a gain; round 3's is not
+    assert [(r["judge_start"], r["judge_kept"], r["kept"]) for r in report["rounds"]] == [
+        (0.1, 0.4, True), (0.3, 0.35, True), (0.3, 0.302, False)]
+    assert [r["judge_seeds"] for r in report["rounds"]] == [list(c) for c in calls]
+    assert json.loads((out / "round_2" / "polish.json").read_text())["judge"]["seeds"] == list(calls[1])
+    assert (out / "policy.npz").read_bytes() == (out / "round_2" / "policy.npz").read_bytes()
+    # 0 (the default): the training's snapshot seeds, the same in every round
+    calls.clear()
+    scores = iter([0.1, 0.4, 0.2, 0.4, 0.401, 0.4])
+    polish_module.polish_rounds(load_source(run), replace(settings, judge_seeds=0), tmp_path / "same",
+                                progress=False)
+    assert calls == [tuple(source.config.optimizer.snapshot_seeds)] * 2
+    with pytest.raises(ValueError, match="rounds count from 1"):
+        settings.judge_seeds_for(source.config.optimizer, 0)
+    assert cli.main(["polish", str(run), "--rounds", "2", "--judge-seeds", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "judge_seeds must be >= 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def _robot_config_variant(tmp_path: Path, name: str, **changes) -> Path:

@@ -393,7 +393,8 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           pool=r.string("pool", d.pool, choices=list(POLISH_POOLS)),
                           retries=r.integer("retries", d.retries, minimum=0),
                           robot_config=r.string("robot_config", d.robot_config),
-                          add_basis=r.integer("add_basis", d.add_basis, minimum=0))
+                          add_basis=r.integer("add_basis", d.add_basis, minimum=0),
+                          judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
@@ -413,7 +414,8 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         snapshot_seeds=tuple(_int_list(r, "snapshot_seeds", list(d.snapshot_seeds))),
         snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True),
         starts_first=r.integer("starts_first", d.starts_first, minimum=1),
-        snapshot_start=r.boolean("snapshot_start", d.snapshot_start))
+        snapshot_start=r.boolean("snapshot_start", d.snapshot_start),
+        snapshot_fresh=r.boolean("snapshot_fresh", d.snapshot_fresh))
     if s.starts_first > 1 and s.snapshot_every <= 0:
         raise ConfigError(r.source, r.name("starts_first"), "more than one start needs snapshot_every > 0 (the "
                           "starts are compared by their best snapshot)")
@@ -767,7 +769,7 @@ class Learner:
         starts = cfg.optimizer.starts_first if self.policy is None else 1
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
-        judge = self.protocol_judge()
+        judge = self.protocol_judge(k)
         runs: list[tuple[TorchPolicy, OptimizationResult]] = []
         for i in range(starts):
             generator = gen if i == 0 else start_generator(cfg.seed, k, i)
@@ -803,9 +805,10 @@ class Learner:
         self.model.robot = found
         LOG.info("trial %d: identified robot %s", k, found.summary())
 
-    def protocol_judge(self):
-        """The optimiser's judge of a snapshot (``optimizer.snapshot_every``; None when 0): the mean fraction of
-        the time up over the evaluation protocol's ``snapshot_seeds`` x ``snapshot_seconds`` simulated on the
+    def protocol_judge(self, k: int = 1):
+        """The optimiser's judge of trial k's snapshots (``optimizer.snapshot_every``; None when 0): the mean
+        fraction of the time up over the evaluation protocol's seeds (``optimizer.judge_seeds(k)``) x
+        ``snapshot_seconds`` simulated on the
         learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
         ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
         simulation of the model: no robot time."""
@@ -814,7 +817,7 @@ class Learner:
         opt = self.config.optimizer
         if opt.snapshot_every <= 0:
             return None
-        return protocol_judge(self.config, self.model, opt.snapshot_seeds, opt.snapshot_seconds)
+        return protocol_judge(self.config, self.model, opt.judge_seeds(k), opt.snapshot_seconds)
 
     def learning_trial(self, k: int) -> TrialRecord:
         """Fit, optimise, run, evaluate (trial k >= 1)."""

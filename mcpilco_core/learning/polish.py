@@ -162,9 +162,10 @@ def _session_source(root: Path) -> PolishSource:
                         session.models[-1].name)
 
 
-def polish(source: PolishSource, settings: PolishSettings, out: str | Path, progress: bool = True) -> PolishResult:
+def polish(source: PolishSource, settings: PolishSettings, out: str | Path, progress: bool = True,
+           round_index: int = 1) -> PolishResult:
     """Optimise ``source``'s policy on its model (module docstring) and write OUT/policy.npz, polish.json and
-    polish_curve.png. No robot time."""
+    polish_curve.png; ``round_index`` picks the judge's seeds (``PolishSettings.judge_seeds``). No robot time."""
     from .learner import initial_distribution
 
     config = polish_config(source.config, settings)
@@ -191,7 +192,7 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    optimizer = settings.optimizer(config.optimizer)
+    optimizer = settings.optimizer(config.optimizer, round_index)
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
              if settings.snapshot_every > 0 else None)
     cost = polish_cost(config, settings)
@@ -291,12 +292,13 @@ def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Pat
     chosen, rows, seed, failures = None, [], settings.seed, 0
     for k in range(1, settings.rounds + 1):
         round_settings = replace(settings, seed=seed, add_basis=settings.add_basis if k == 1 else 0)
-        result = polish(source, round_settings, out / f"round_{k}", progress)
+        result = polish(source, round_settings, out / f"round_{k}", progress, round_index=k)
         start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
         gained = kept_score - start_score >= settings.round_gain
-        rows.append({"round": k, "seed": seed, "policy": str(source.policy_file), "judge_start": start_score,
-                     "judge_kept": kept_score, "kept_step": result.kept_step, "folder": str(result.out),
-                     "kept": gained or chosen is None})
+        seeds = list(settings.judge_seeds_for(source.config.optimizer, k))
+        rows.append({"round": k, "seed": seed, "policy": str(source.policy_file), "judge_seeds": seeds,
+                     "judge_start": start_score, "judge_kept": kept_score, "kept_step": result.kept_step,
+                     "folder": str(result.out), "kept": gained or chosen is None})
         if chosen is None or gained:
             chosen = result
             source.policy_file = result.policy_file
