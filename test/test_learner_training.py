@@ -185,6 +185,8 @@ def test_fresh_snapshot_seeds_give_each_trial_a_judge_of_its_own(tmp_path, monke
     path.write_text(f"base: {TINY}\noptimizer: {{snapshot_every: 20, snapshot_fresh: true}}\n")
     assert load_train_config(path, "pendubot").optimizer.snapshot_fresh
     assert snap.judge_seeds(3) == (3000, 3001) and replace(snap, snapshot_fresh=True).judge_seeds(3) == (3004, 3005)
+    with pytest.raises(ValueError, match="count from 1"):
+        snap.judge_seeds(0)
     records = train(replace(base, trials=3, optimizer=replace(snap, snapshot_fresh=True)), tmp_path / "run")
     assert seen == [(3000, 3001), (3002, 3003)]
     assert all(r.optimization.snapshots[0][0] == 0 for r in records[1:])      # each start judged on its seeds

@@ -808,10 +808,9 @@ class Learner:
     def protocol_judge(self, k: int = 1):
         """The optimiser's judge of trial k's snapshots (``optimizer.snapshot_every``; None when 0): the mean
         fraction of the time up over the evaluation protocol's seeds (``optimizer.judge_seeds(k)``) x
-        ``snapshot_seconds`` simulated on the
-        learner's own plant -- the model's prior with the friction and rotor inertia identified from the trials,
-        ideal sensors and motors -- with the controller the policy will run in (its LQR and switching). A
-        simulation of the model: no robot time."""
+        ``snapshot_seconds`` simulated on the learner's own plant -- the model's prior with the friction and rotor
+        inertia identified from the trials, ideal sensors and motors -- with the controller the policy will run in
+        (its LQR and switching). A simulation of the model: no robot time."""
         from .protocol import protocol_judge
 
         opt = self.config.optimizer

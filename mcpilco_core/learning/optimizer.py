@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -77,11 +77,13 @@ class OptimizerSettings:
     snapshot_fresh: bool = False
 
     def judge_seeds(self, trial: int) -> tuple[int, ...]:
-        """The protocol seeds trial ``trial`` (from 1) judges its snapshots on: ``snapshot_seeds``, or with
-        ``snapshot_fresh`` the next ``len(snapshot_seeds)`` consecutive seeds after trial - 1's."""
+        """The protocol seeds trial ``trial`` (from 1; a polish's round) judges its snapshots on:
+        ``snapshot_seeds``, or with ``snapshot_fresh`` those seeds shifted by (trial - 1) times their count."""
+        if trial < 1:
+            raise ValueError(f"trials and rounds count from 1, got {trial}")
         if not self.snapshot_fresh:
             return tuple(self.snapshot_seeds)
-        shift = len(self.snapshot_seeds) * (max(1, trial) - 1)
+        shift = len(self.snapshot_seeds) * (trial - 1)
         return tuple(int(s) + shift for s in self.snapshot_seeds)
 
 
@@ -206,12 +208,11 @@ class PolishSettings:
     def judge_seeds_for(self, training: OptimizerSettings, round_index: int = 1) -> tuple[int, ...]:
         """The protocol seeds the judge runs in round ``round_index`` (from 1): the training's snapshot seeds when
         ``judge_seeds`` is 0, else ``judge_seeds`` consecutive seeds from the first snapshot seed, new each round."""
-        if round_index < 1:
-            raise ValueError(f"polish: rounds count from 1, got {round_index}")
         if self.judge_seeds == 0:
-            return tuple(training.snapshot_seeds)
-        first = int(training.snapshot_seeds[0]) + self.judge_seeds * (round_index - 1)
-        return tuple(range(first, first + self.judge_seeds))
+            return replace(training, snapshot_fresh=False).judge_seeds(round_index)
+        first = int(training.snapshot_seeds[0])
+        block = replace(training, snapshot_seeds=tuple(range(first, first + self.judge_seeds)), snapshot_fresh=True)
+        return block.judge_seeds(round_index)
 
 
 @dataclass
