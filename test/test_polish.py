@@ -561,6 +561,57 @@ def test_each_round_may_be_judged_on_new_seeds_with_its_start_judged_again(run, 
     assert "judge_seeds must be >= 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+def test_a_round_may_be_kept_only_when_it_gains_on_seeds_it_was_not_picked_on(run, tmp_path, monkeypatch, capsys):
+    """polish.confirm_seeds / --confirm-seeds N: round k's start and kept snapshot are judged again on N seeds of
+    their own (CONFIRM_FIRST_SEED + N (k - 1) onwards), and the round counts as a gain only there: the best of the
+    snapshots beats the start on the seeds it was picked on by noise alone. A first round that does not gain there
+    gives the start back; a round that kept its start is not judged again."""
+    from mcpilco_core.learning.optimizer import CONFIRM_FIRST_SEED
+
+    calls: list[tuple[int, ...]] = []
+    # per round: start, step 2, step 4 on the judge's seeds; then (when judged) start and kept on the confirming ones
+    scores = iter([0.1, 0.4, 0.2, 0.3, 0.33,      # round 1: picked 0.4, confirmed 0.3 -> 0.33: kept
+                   0.3, 0.5, 0.2, 0.31, 0.31,     # round 2: picked 0.5 (noise), confirmed 0.31 -> 0.31: discarded
+                   0.3, 0.2, 0.2])                # round 3: kept its start: not judged again, discarded; stop
+    seen: list[np.ndarray] = []
+
+    def fake_judge(config, model, seeds, seconds):
+        calls.append(tuple(seeds))
+        return lambda policy: (seen.append(policy.weights.detach().numpy().copy()), next(scores))[1]
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    source = load_source(run)
+    given = load_policy(source.policy_file).weights
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=5, judge_seeds=3,
+                              confirm_seeds=2, retries=1)
+    out = tmp_path / "out"
+    polish_module.polish_rounds(source, settings, out, progress=False)
+    first = source.config.optimizer.snapshot_seeds[0]
+    confirm = [tuple(range(CONFIRM_FIRST_SEED + 2 * k, CONFIRM_FIRST_SEED + 2 * k + 2)) for k in range(2)]
+    assert calls == [tuple(range(first, first + 3)), confirm[0], tuple(range(first + 3, first + 6)), confirm[1],
+                     tuple(range(first + 6, first + 9))]
+    report = json.loads((out / "polish.json").read_text())
+    assert [(r["judge_start"], r["judge_kept"], r["confirm_start"], r["confirm_kept"], r["kept"])
+            for r in report["rounds"]] == [(0.1, 0.4, 0.3, 0.33, True), (0.3, 0.5, 0.31, 0.31, False),
+                                           (0.3, 0.3, None, None, False)]
+    assert [r["confirm_seeds"] for r in report["rounds"]] == [list(confirm[0]), list(confirm[1]),
+                                                             [CONFIRM_FIRST_SEED + 4, CONFIRM_FIRST_SEED + 5]]
+    assert (out / "policy.npz").read_bytes() == (out / "round_1" / "policy.npz").read_bytes()
+    # the confirming judge saw the round's start (the policy given) and the round's kept policy
+    np.testing.assert_array_equal(seen[3], given)
+    np.testing.assert_array_equal(seen[4], load_policy(out / "round_1" / "policy.npz").weights)
+    # no round gains on its confirming seeds: the policy given is given back
+    scores = iter([0.1, 0.4, 0.2, 0.3, 0.29])
+    polish_module.polish_rounds(load_source(run), replace(settings, rounds=1), tmp_path / "none", progress=False)
+    assert (tmp_path / "none" / "policy.npz").read_bytes() == source.policy_file.read_bytes()
+    report = json.loads((tmp_path / "none" / "polish.json").read_text())
+    assert report["kept_step"] == 0 and report["rounds"][0]["kept"] is False
+    with pytest.raises(ValueError, match="rounds count from 1"):
+        settings.confirm_seeds_for(0)
+    assert cli.main(["polish", str(run), "--rounds", "2", "--confirm-seeds", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "confirm_seeds must be >= 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def _robot_config_variant(tmp_path: Path, name: str, **changes) -> Path:
     """config/pendubot.yaml copied to tmp_path/name with ``changes`` to its parameters ("roa.enter_fraction": a
     nested key), its plant models and ROA estimate beside it (the estimate is keyed by the LQR's fingerprint)."""

@@ -124,6 +124,10 @@ def register(subparsers) -> None:
     p.add_argument("--judge-seeds", type=int, default=None,
                    help="judge each round on this many protocol seeds, new ones every round, the round's start "
                         "judged again on them (default 0: the training's snapshot seeds in every round)")
+    p.add_argument("--confirm-seeds", type=int, default=None,
+                   help="decide whether a round gained on this many other protocol seeds, new ones every round: its "
+                        "start and its kept snapshot judged there (default 0: on the seeds the snapshot was picked "
+                        "on); a first round that does not gain gives the start back")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -251,7 +255,8 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  candidates=args.candidates, horizon=args.horizon, u_max=args.u_max,
                                  rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
                                  pool=args.pool, retries=args.retries, robot_config=args.robot_config,
-                                 add_basis=args.add_basis, judge_seeds=args.judge_seeds)
+                                 add_basis=args.add_basis, judge_seeds=args.judge_seeds,
+                                 confirm_seeds=args.confirm_seeds)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
@@ -274,6 +279,7 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", for the controller of {settings.robot_config}" if settings.robot_config else "")
           + (f", {settings.add_basis} basis functions added" if settings.add_basis else "")
           + (f", judged on {settings.judge_seeds} new seeds each round" if settings.judge_seeds else "")
+          + (f", each round's gain confirmed on {settings.confirm_seeds} other seeds" if settings.confirm_seeds else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     out = args.out or args.run / "polish"
     if files:

@@ -394,7 +394,8 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           retries=r.integer("retries", d.retries, minimum=0),
                           robot_config=r.string("robot_config", d.robot_config),
                           add_basis=r.integer("add_basis", d.add_basis, minimum=0),
-                          judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0))
+                          judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0),
+                          confirm_seeds=r.integer("confirm_seeds", d.confirm_seeds, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -21,6 +21,7 @@ given back).
     mcpilco polish RUN --candidates 3        # the choice's three best ranked, each polished, the best judged kept
     mcpilco polish RUN --policy-period 0.01  # the policy polished for 100 Hz on the model refitted at 10 ms
     mcpilco polish RUN --robot-config config/acrobot_catch.yaml   # judged with the controller it will run in
+    mcpilco polish RUN --rounds 8 --judge-seeds 8 --confirm-seeds 16   # rounds picked on new seeds, kept on others
 
 Writes ``OUT/policy.npz`` (metadata: what was polished, on which model, the kept step), ``OUT/polish.json``
 (settings, cost per step, judged snapshots, wall time, robot time 0) and ``OUT/polish_curve.png``.
@@ -281,43 +282,81 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
 def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Path,
                   progress: bool = True) -> PolishResult:
     """Polish ``source``'s policy (OUT/round_1/), then again from each round's output (OUT/round_K/, Adam
-    restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge. A round
-    that does not is discarded; the next round starts from the last one kept with the next particle seed (seed + 1:
-    other starts and noise), up to ``settings.retries`` such rounds in a row, then the rounds stop (retries 0: at
-    the first). OUT/policy.npz is the last round kept (round 1 is kept as a single polish keeps it: the judge's
-    best, the start included), OUT/polish.json that round's report plus every round's (seed, start and kept judge,
-    kept step, kept or discarded). No robot time."""
+    restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge (with
+    ``settings.confirm_seeds``: on that many other seeds, :func:`confirm_round`). A round that does not is
+    discarded; the next round starts from the last one kept with the next particle seed (seed + 1: other starts and
+    noise), up to ``settings.retries`` such rounds in a row, then the rounds stop (retries 0: at the first).
+    OUT/policy.npz is the last round kept (round 1 is kept as a single polish keeps it, the judge's best, the start
+    included; with confirm_seeds only when it gains, else the start is given back), OUT/polish.json that round's
+    report plus every round's (seed, start and kept judge, the confirming scores, kept step, kept or discarded).
+    No robot time."""
     out = Path(out)
     source = replace(source)
-    chosen, rows, seed, failures = None, [], settings.seed, 0
+    given, chosen, first, rows, seed, failures = source.policy_file, None, None, [], settings.seed, 0
     for k in range(1, settings.rounds + 1):
         round_settings = replace(settings, seed=seed, add_basis=settings.add_basis if k == 1 else 0)
         result = polish(source, round_settings, out / f"round_{k}", progress, round_index=k)
+        first = result if first is None else first
         start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
-        gained = kept_score - start_score >= settings.round_gain
-        seeds = list(settings.judge_seeds_for(source.config.optimizer, k))
-        rows.append({"round": k, "seed": seed, "policy": str(source.policy_file), "judge_seeds": seeds,
-                     "judge_start": start_score, "judge_kept": kept_score, "kept_step": result.kept_step,
-                     "folder": str(result.out), "kept": gained or chosen is None})
-        if chosen is None or gained:
+        row = {"round": k, "seed": seed, "policy": str(source.policy_file),
+               "judge_seeds": list(settings.judge_seeds_for(source.config.optimizer, k)),
+               "judge_start": start_score, "judge_kept": kept_score, "kept_step": result.kept_step,
+               "folder": str(result.out)}
+        if settings.confirm_seeds:
+            row.update(confirm_round(source, round_settings, k, result))
+            confirm_start, confirm_kept = row["confirm_start"], row["confirm_kept"]
+            gained = confirm_kept is not None and confirm_kept - confirm_start >= settings.round_gain
+        else:
+            gained = kept_score - start_score >= settings.round_gain
+        row["kept"] = gained or (chosen is None and not settings.confirm_seeds)
+        rows.append(row)
+        if row["kept"]:
             chosen = result
             source.policy_file = result.policy_file
         failures = 0 if gained else failures + 1
         stop = failures > settings.retries
-        LOG.info("polish: round %d (seed %d) judge %.3f -> %.3f%s", k, seed, start_score, kept_score,
+        confirmed = ("" if row.get("confirm_kept") is None else
+                     f" (confirming seeds {row['confirm_start']:.3f} -> {row['confirm_kept']:.3f})")
+        LOG.info("polish: round %d (seed %d) judge %.3f -> %.3f%s%s", k, seed, start_score, kept_score, confirmed,
                  "" if gained else f": gains less than {settings.round_gain:g}"
                  + (", the rounds stop" if stop else f", the next round tries seed {seed + 1}"))
         if stop:
             break
         seed = seed if gained else seed + 1
+    if chosen is None:          # confirm_seeds and no round gained: the policy given is given back
+        LOG.info("polish: no round gained on its confirming seeds: the policy given is kept (%s)", given)
+        return _publish(replace(first, policy_file=given, kept_step=0), out, {"rounds": rows, "kept_step": 0})
     return _publish(chosen, out, {"rounds": rows})
 
 
+def confirm_round(source: PolishSource, settings: PolishSettings, round_index: int, result: PolishResult) -> dict:
+    """The round's start (``source.policy_file``) and its kept policy judged on the round's confirming seeds
+    (``settings.confirm_seeds_for``), with the judge's controller and seconds: seeds the kept snapshot was not picked
+    on, so the difference is not the maximum's luck. A round that kept its start is not judged again
+    (``confirm_kept`` None: no gain). No robot time."""
+    seeds = settings.confirm_seeds_for(round_index)
+    if result.kept_step == 0:
+        return {"confirm_seeds": list(seeds), "confirm_start": None, "confirm_kept": None}
+    config = polish_config(source.config, settings)
+    judge = protocol_judge(config, source.model, seeds, config.optimizer.snapshot_seconds)
+    start, kept = (judge(_judged_policy(config, settings, file)) for file in (source.policy_file, result.policy_file))
+    return {"confirm_seeds": list(seeds), "confirm_start": start, "confirm_kept": kept}
+
+
+def _judged_policy(config, settings: PolishSettings, file: Path) -> TorchPolicy:
+    """The policy in ``file`` as the polish judges it: its bound raised to ``settings.u_max`` when given."""
+    policy = load_policy(file, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
+    if settings.u_max > 0:
+        policy = replace(policy, u_max=settings.u_max)
+    return TorchPolicy.from_numpy(policy, config.torch_dtype)
+
+
 def _publish(chosen: PolishResult, out: Path, extra: dict) -> PolishResult:
-    """Copy the chosen polish's policy.npz and polish_curve.png to OUT, and write OUT/polish.json: its report
+    """Copy the chosen polish's policy file and polish_curve.png to OUT, and write OUT/polish.json: its report
     plus ``extra`` (every candidate's or round's row) and the policy's new path."""
-    for name in ("policy.npz", "polish_curve.png"):
-        shutil.copyfile(chosen.out / name, out / name)
+    if Path(chosen.policy_file).resolve() != (out / "policy.npz").resolve():
+        shutil.copyfile(chosen.policy_file, out / "policy.npz")
+    shutil.copyfile(chosen.out / "polish_curve.png", out / "polish_curve.png")
     summary = {**json.loads((chosen.out / "polish.json").read_text()), **extra, "policy": str(out / "policy.npz")}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     return replace(chosen, out=out, policy_file=out / "policy.npz")
