@@ -78,7 +78,8 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"rounds": 0}, "polish.rounds"), ({"round_gain": -1.0}, "polish.round_gain"),
                        ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
                        ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
-                       ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds")):
+                       ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds"),
+                       ({"confirm_seeds": -1}, "polish.confirm_seeds")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -87,7 +88,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
-             "add_basis": 20, "judge_seeds": 8}
+             "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -119,7 +120,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
-                                  "add_basis": 0, "judge_seeds": 0}
+                                  "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
