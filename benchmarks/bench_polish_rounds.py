@@ -45,12 +45,11 @@ def located(path: str, folder: Path) -> Path:
     raise FileNotFoundError(f"{folder}: the round's start {path} is not found from there or its parents")
 
 
-def chain(folder: Path) -> list[tuple[str, Path]]:
-    """(label, policy file) of the policy held at the start of each round, then at the end when there is one."""
-    points = [(f"start of round {k}", located(r["source_policy"], folder))
-              for k, r in enumerate(round_reports(folder), 1)]
+def chain(folder: Path) -> list[Path]:
+    """The policy file held at the start of each round, then at the end when the rounds finished."""
+    points = [located(r["source_policy"], folder) for r in round_reports(folder)]
     if (folder / "polish.json").is_file():
-        points.append(("end", folder / "policy.npz"))
+        points.append(folder / "policy.npz")
     return points
 
 
@@ -72,7 +71,7 @@ def main() -> int:
         print("|---|---|---|---|---|---|")
         reports = round_reports(folder)
         scores = []
-        for k, (label, policy) in enumerate(chain(folder)):
+        for k, policy in enumerate(chain(folder)):
             if policy.resolve() not in cache:
                 results = evaluate_seeds(ControllerSpec(str(config), str(policy)), args.seeds, jobs=args.jobs)
                 cache[policy.resolve()] = float(np.mean([r.score for r in results]))
