@@ -34,11 +34,21 @@ def virtual_config(robot: str = "pendubot", can_timeout: float = 0.2, max_timeou
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` until it holds (AssertionError after ``timeout`` s). A predicate that reads a sample the
+    driver's thread has not produced yet (IndexError on ``rig.samples[-1]``) counts as not yet: the thread may not
+    have run its first cycle when the wait starts (seen once in a fresh-clone run)."""
     end = time.monotonic() + timeout
-    while not predicate():
+    while not _holds(predicate):
         if time.monotonic() > end:
             raise AssertionError("condition not reached in time")
         time.sleep(0.005)
+
+
+def _holds(predicate: Callable[[], bool]) -> bool:
+    try:
+        return bool(predicate())
+    except IndexError:
+        return False
 
 
 class Rig:
