@@ -89,7 +89,7 @@ class OptimizerSettings:
 
 POLISH_POOLS = ("run", "policy", "judge")
 CONFIRM_FIRST_SEED = 5000   # the polish's confirming seeds: apart from the snapshot judge's (3000 on), the choice's
-                            # (200 on) and the reports' (0-19)
+                            # (200 on) and the reports' (0-29)
 
 
 @dataclass(frozen=True)
@@ -228,11 +228,10 @@ class PolishSettings:
 
     def confirm_seeds_for(self, round_index: int) -> tuple[int, ...]:
         """The protocol seeds on which round ``round_index`` (from 1) decides whether it gained: ``confirm_seeds``
-        consecutive seeds from ``CONFIRM_FIRST_SEED``, new each round; () when ``confirm_seeds`` is 0."""
-        if round_index < 1:
-            raise ValueError(f"polish: rounds count from 1, got {round_index}")
-        first = CONFIRM_FIRST_SEED + self.confirm_seeds * (round_index - 1)
-        return tuple(range(first, first + self.confirm_seeds))
+        consecutive seeds from ``CONFIRM_FIRST_SEED``, new each round (the shift of
+        :meth:`OptimizerSettings.judge_seeds`); () when ``confirm_seeds`` is 0."""
+        block = tuple(range(CONFIRM_FIRST_SEED, CONFIRM_FIRST_SEED + self.confirm_seeds))
+        return OptimizerSettings(snapshot_seeds=block, snapshot_fresh=True).judge_seeds(round_index)
 
 
 @dataclass
