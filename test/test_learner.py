@@ -258,7 +258,11 @@ def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_w
                                         ("snapshot_seeds: [1, -2]", "optimizer.snapshot_seeds"),
                                         ("snapshot_seconds: 0", "optimizer.snapshot_seconds"),
                                         ("starts_first: 0", "optimizer.starts_first"),
-                                        ("starts_first: 2", "optimizer.starts_first.*snapshot_every")])
+                                        ("starts_first: 2", "optimizer.starts_first.*snapshot_every"),
+                                        ("restart_below: 0.2", "optimizer.restart_below.*snapshot_every"),
+                                        ("restart_below: -0.1", "optimizer.restart_below"),
+                                        ("snapshot_every: 5, restart_below: 1.5", "optimizer.restart_below.*at most 1"),
+                                        ("restart_from: 1", "optimizer.restart_from")])
 def test_snapshot_settings_are_validated(tmp_path, text, words):
     path = tmp_path / "train.yaml"
     path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\noptimizer: {{{text}}}\n")

@@ -212,6 +212,39 @@ def test_several_first_starts_keep_the_best_judged_one_and_later_trials_warm_sta
     assert one.start_scores == [] and first.start_scores[0] == one.kept_score   # start 0 is the one-start run
 
 
+def test_a_warm_start_judged_below_restart_below_races_a_fresh_random_policy(tmp_path, monkeypatch):
+    """optimizer.restart_below: from trial restart_from on, a warm-started trial whose kept snapshot is judged below
+    the bar also optimises a fresh random policy (its own generator) on the same model; the better-judged one is
+    kept and both scores are recorded; above the bar, or before restart_from, one start as before."""
+    import mcpilco_core.learning.learner as learner_module
+
+    base = load_train_config(TINY, "pendubot")
+    snap = replace(base.optimizer, snapshot_every=20, snapshot_seeds=(3000,), snapshot_seconds=3.0)
+    assert not replace(snap, restart_below=0.5).restarts(1, 0.1)                     # restart_from 2
+    assert replace(snap, restart_below=0.5).restarts(2, 0.1) and not replace(snap, restart_below=0.5).restarts(2, 0.6)
+    assert not snap.restarts(5, 0.0)                                                 # 0: never
+    seen: list[torch.Tensor] = []
+    real_random = learner_module.TorchPolicy.random
+
+    def random_policy(*args, **kwargs):
+        policy = real_random(*args, **kwargs)
+        seen.append(policy.weights.detach().clone())
+        return policy
+
+    monkeypatch.setattr(learner_module.TorchPolicy, "random", staticmethod(random_policy))
+    always = replace(snap, restart_below=1.0, restart_from=3)           # every trial from 3 on is below 1.0
+    records = train(replace(base, trials=5, optimizer=always), tmp_path / "run")   # trial 0 explores
+    assert len(seen) == 1 + 2                       # trial 1's first policy, then one fresh policy in trials 3 and 4
+    assert records[2].optimization.start_scores == []                              # trial 2: before restart_from
+    for record in records[3:]:
+        scores = record.optimization.start_scores
+        assert len(scores) == 2 and record.optimization.kept_score == max(scores)
+    summary = json.loads((tmp_path / "run" / "trials" / "trial_003" / "summary.json").read_text())
+    assert summary["start_scores"] == records[3].optimization.start_scores
+    plain = train(replace(base, trials=4, optimizer=snap), tmp_path / "plain")
+    assert records[3].optimization.start_scores[0] == plain[3].optimization.kept_score   # start 0: the warm start
+
+
 def test_cli_train_and_export(tmp_path):
     out = tmp_path / "cli_run"
     assert cli.main(["train", "--robot", "pendubot", "--config", str(TINY), "--out", str(out)]) == 0

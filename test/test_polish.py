@@ -79,7 +79,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
                        ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
                        ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds"),
-                       ({"confirm_seeds": -1}, "polish.confirm_seeds")):
+                       ({"confirm_seeds": -1}, "polish.confirm_seeds"), ({"first_round": 0}, "polish.first_round")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -88,7 +88,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
-             "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16}
+             "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16, "first_round": 9}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -120,7 +120,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
-                                  "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0}
+                                  "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0, "first_round": 1}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -611,6 +611,36 @@ def test_a_round_may_be_kept_only_when_it_gains_on_seeds_it_was_not_picked_on(ru
         settings.confirm_seeds_for(0)
     assert cli.main(["polish", str(run), "--rounds", "2", "--confirm-seeds", "-1", "--out", str(tmp_path / "bad")]) == 2
     assert "confirm_seeds must be >= 0" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_a_continued_polish_numbers_its_rounds_on_and_judges_on_seeds_not_used_yet(run, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """polish.first_round / --first-round K: the rounds are numbered from K (OUT/round_K), and round K's judge and
+    confirming seeds are those round K of one long polish would use, so a polish continued from another's output
+    does not judge again on the seeds the earlier rounds picked and confirmed on."""
+    from mcpilco_core.learning.optimizer import CONFIRM_FIRST_SEED
+
+    calls: list[tuple[int, ...]] = []
+
+    def fake_judge(config, model, seeds, seconds):
+        calls.append(tuple(seeds))
+        return lambda policy: 0.5          # nothing gains: one round, then the stop
+
+    monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
+    settings = PolishSettings(steps=2, lr=0.01, particles=8, snapshot_every=2, rounds=2, judge_seeds=3,
+                              confirm_seeds=2, first_round=4)
+    polish_module.polish_rounds(load_source(run), settings, tmp_path / "on", progress=False)
+    first = load_source(run).config.optimizer.snapshot_seeds[0]
+    assert calls[0] == tuple(range(first + 9, first + 12))                         # round 4's judge seeds
+    assert settings.confirm_seeds_for(4) == tuple(range(CONFIRM_FIRST_SEED + 6, CONFIRM_FIRST_SEED + 8))
+    assert (tmp_path / "on" / "round_4" / "policy.npz").exists() and not (tmp_path / "on" / "round_1").exists()
+    report = json.loads((tmp_path / "on" / "polish.json").read_text())
+    assert [r["round"] for r in report["rounds"]] == [4] and report["rounds"][0]["judge_seeds"] == list(calls[0])
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--first-round", "2", "--out",
+                     str(tmp_path / "single")]) == 0
+    assert json.loads((tmp_path / "single" / "polish.json").read_text())["settings"]["first_round"] == 2
+    assert cli.main(["polish", str(run), "--first-round", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "first_round must be >= 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 def _robot_config_variant(tmp_path: Path, name: str, **changes) -> Path:

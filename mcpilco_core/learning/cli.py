@@ -128,6 +128,9 @@ def register(subparsers) -> None:
                    help="decide whether a round gained on this many other protocol seeds, new ones every round: its "
                         "start and its kept snapshot judged there (default 0: on the seeds the snapshot was picked "
                         "on); a first round that does not gain gives the start back")
+    p.add_argument("--first-round", type=int, default=None,
+                   help="number the rounds from this one (OUT/round_K, and the judge's and confirming seeds of round "
+                        "K): to continue an earlier polish on seeds its rounds did not use (default 1)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -256,7 +259,7 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
                                  pool=args.pool, retries=args.retries, robot_config=args.robot_config,
                                  add_basis=args.add_basis, judge_seeds=args.judge_seeds,
-                                 confirm_seeds=args.confirm_seeds)
+                                 confirm_seeds=args.confirm_seeds, first_round=args.first_round)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:
@@ -288,7 +291,7 @@ def _run_polish(args: argparse.Namespace) -> int:
     elif settings.rounds > 1:
         result = polish_rounds(source, settings, out, progress=source.config.progress)
     else:
-        result = polish(source, settings, out, progress=source.config.progress)
+        result = polish(source, settings, out, progress=source.config.progress, round_index=settings.first_round)
     print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "
           f"({result.optimization.wall_time:.0f} s): {result.policy_file}"
           + (" (the policy given, kept: nothing judged better)" if result.kept_step == 0 else ""))

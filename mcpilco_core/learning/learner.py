@@ -395,7 +395,8 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           robot_config=r.string("robot_config", d.robot_config),
                           add_basis=r.integer("add_basis", d.add_basis, minimum=0),
                           judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0),
-                          confirm_seeds=r.integer("confirm_seeds", d.confirm_seeds, minimum=0))
+                          confirm_seeds=r.integer("confirm_seeds", d.confirm_seeds, minimum=0),
+                          first_round=r.integer("first_round", d.first_round, minimum=1))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
@@ -416,10 +417,17 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         snapshot_seconds=r.number("snapshot_seconds", d.snapshot_seconds, positive=True),
         starts_first=r.integer("starts_first", d.starts_first, minimum=1),
         snapshot_start=r.boolean("snapshot_start", d.snapshot_start),
-        snapshot_fresh=r.boolean("snapshot_fresh", d.snapshot_fresh))
+        snapshot_fresh=r.boolean("snapshot_fresh", d.snapshot_fresh),
+        restart_below=r.number("restart_below", d.restart_below, nonnegative=True),
+        restart_from=r.integer("restart_from", d.restart_from, minimum=2))
     if s.starts_first > 1 and s.snapshot_every <= 0:
         raise ConfigError(r.source, r.name("starts_first"), "more than one start needs snapshot_every > 0 (the "
                           "starts are compared by their best snapshot)")
+    if s.restart_below > 0 and s.snapshot_every <= 0:
+        raise ConfigError(r.source, r.name("restart_below"), "a restart needs snapshot_every > 0 (it is kept only "
+                          "when the judge scores it above the warm start)")
+    if s.restart_below > 1:
+        raise ConfigError(r.source, r.name("restart_below"), "is a judge score (fraction of the time up): at most 1")
     if not s.dropout < 1.0:
         raise ConfigError(r.source, r.name("dropout"), "must be < 1")
     if not s.snapshot_seeds or min(s.snapshot_seeds) < 0:
@@ -771,21 +779,32 @@ class Learner:
         dist = initial_distribution(cfg, k, self.pool)
         max_steps = cfg.optimizer.max_steps_first if k <= 1 else cfg.optimizer.max_steps
         judge = self.protocol_judge(k)
+        warm = self.policy is not None
         runs: list[tuple[TorchPolicy, OptimizationResult]] = []
-        for i in range(starts):
+
+        def run_start(i: int, label: str) -> None:
             generator = gen if i == 0 else start_generator(cfg.seed, k, i)
             if self.policy is None or i > 0:
                 self.policy = TorchPolicy.random(cfg.num_basis, cfg.policy_u_max, generator, cfg.center_dq_range,
                                                  cfg.torch_dtype, cfg.initial_lengthscales).to(cfg.device)
-            label = description if starts == 1 else f"{description}, start {i + 1}/{starts}"
             runs.append((self.policy, optimize_policy(
                 self.policy, self.model, dist.sampler(cfg.device, cfg.torch_dtype), cfg.particles, cfg.horizon_steps,
                 cfg.cost, cfg.optimizer, max_steps, generator, cfg.progress, description=label,
                 particle_threads=cfg.particle_threads, particle_processes=cfg.parallel == "processes", judge=judge)))
+
+        for i in range(starts):
+            run_start(i, description if starts == 1 else f"{description}, start {i + 1}/{starts}")
+        if warm and cfg.optimizer.restarts(k, runs[0][1].kept_score):
+            LOG.info("trial %d: the warm start's best snapshot is judged %.3f (< restart_below %.3f): a fresh random "
+                     "policy is optimised too", k, runs[0][1].kept_score, cfg.optimizer.restart_below)
+            run_start(1, f"{description}, fresh restart")
         scores = [result.kept_score for _, result in runs]
         self.policy, result = runs[scores.index(max(scores))]          # ties keep the earlier start
-        if starts > 1:
+        if len(runs) > 1:
             result.start_scores = scores
+            if warm:
+                LOG.info("trial %d: judge warm start %.3f, fresh restart %.3f: the %s kept", k, scores[0], scores[1],
+                         "restart" if scores[1] > scores[0] else "warm start")
         timings["optimization"] = sum(r.wall_time for _, r in runs)    # every start's, judging included
         if result.snapshots:
             timings["snapshot_judge"] = sum(r.judge_time for _, r in runs)

@@ -56,7 +56,13 @@ class OptimizerSettings:
     keeps its best-judged snapshot, so its score is the judge's maximum; judged again on the same seeds, the next
     trial's start carries that overrating as its bar. Measured (acrobot, three training seeds): it does not stop
     the repeated policies -- there the training's own steps (lr 0.01, dropout) judge below the warm start
-    (docs/learner.md, "A judge that is not its own bar"); the polish's ``judge_seeds`` is where it helps."""
+    (docs/learner.md, "A judge that is not its own bar"); the polish's ``judge_seeds`` is where it helps;
+    restart_below / restart_from: a warm-started trial (from trial restart_from on) whose kept snapshot the judge
+    scores below restart_below also optimises a fresh random policy on the same model and keeps whichever the judge
+    scores higher (0: never; needs snapshot_every > 0). Why: a warm start stays in its basin, and a run whose early
+    policies never learnt the swing-up keeps polishing one that does not (acrobot training seed 1 kept one policy,
+    judged 0.10-0.18, from trial 4 to 11), while a random start on a later model has that model to learn from. No
+    robot time: both are judged on the learner's own robot."""
 
     lr: float = 0.01
     lr_min: float = 0.0025
@@ -75,6 +81,13 @@ class OptimizerSettings:
     starts_first: int = 1
     snapshot_start: bool = True
     snapshot_fresh: bool = False
+    restart_below: float = 0.0
+    restart_from: int = 2
+
+    def restarts(self, trial: int, warm_score: float) -> bool:
+        """Whether warm-started trial ``trial``, whose kept snapshot the judge scored ``warm_score``, also optimises a
+        fresh random policy (``restart_below``)."""
+        return self.restart_below > 0 and trial >= self.restart_from and warm_score < self.restart_below
 
     def judge_seeds(self, trial: int) -> tuple[int, ...]:
         """The protocol seeds trial ``trial`` (from 1; a polish's round) judges its snapshots on:
@@ -141,7 +154,11 @@ class PolishSettings:
     ``CONFIRM_FIRST_SEED`` + N (k - 1) ... + N k - 1), the start and the kept snapshot both judged there, and a
     first round that does not gain there is not kept either (the start is given back). Why: the best of 13
     snapshots beats the start on the seeds it was picked on by noise alone, so rounds judged on new seeds were
-    kept while the policy got worse (acrobot, training seed 0 polished on: 0.377 -> 0.337 on seeds 0-9).
+    kept while the policy got worse (acrobot, training seed 0 polished on: 0.377 -> 0.337 on seeds 0-9);
+    first_round: the number of the first round (its folder OUT/round_K and its judge's and confirming seeds; a single
+    polish is that round). Why: a polish continued from an earlier one's output with ``first_round`` = the rounds
+    already run + 1 judges and confirms on seeds the earlier rounds did not use; from 1 again it would re-use them
+    with other policies.
     No
     dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
@@ -170,8 +187,11 @@ class PolishSettings:
     add_basis: int = 0
     judge_seeds: int = 0
     confirm_seeds: int = 0
+    first_round: int = 1
 
     def __post_init__(self) -> None:
+        if self.first_round < 1:
+            raise ValueError(f"polish: first_round must be >= 1 (rounds count from 1), got {self.first_round}")
         if self.confirm_seeds < 0:
             raise ValueError(f"polish: confirm_seeds must be >= 0 (0: a round's gain is judged on the seeds its "
                              f"snapshot was picked on), got {self.confirm_seeds}")
@@ -250,7 +270,8 @@ class OptimizationResult:
     snapshots: list[tuple[int, float]] = field(default_factory=list)
     kept_step: int | None = None
     judge_time: float = 0.0
-    start_scores: list[float] = field(default_factory=list)   # starts_first > 1: each start's best snapshot score
+    start_scores: list[float] = field(default_factory=list)   # starts_first > 1 or a restart: each start's best
+                                                              # snapshot score (a restart: [warm start, fresh])
     rollbacks: list[tuple[int, int, str]] = field(default_factory=list)  # (step, checkpoint step it went back to, why)
 
     @property

@@ -269,7 +269,7 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
     for k, file in enumerate(files):
         source.policy_file = Path(file)
         LOG.info("polish: candidate %d of %d: %s", k + 1, len(files), file)
-        results.append(polish(source, settings, out / f"candidate_{k}", progress))
+        results.append(polish(source, settings, out / f"candidate_{k}", progress, round_index=settings.first_round))
     scores = [r.optimization.kept_score for r in results]
     best = int(np.argmax(scores))
     LOG.info("polish: kept candidate %d (%s, judge %.3f; the others %s)", best, files[best], scores[best],
@@ -281,7 +281,8 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
 
 def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Path,
                   progress: bool = True) -> PolishResult:
-    """Polish ``source``'s policy (OUT/round_1/), then again from each round's output (OUT/round_K/, Adam
+    """Polish ``source``'s policy (OUT/round_K/, K from ``settings.first_round``, 1 by default), then again from each
+    round's output (OUT/round_K+1/ ..., Adam
     restarted), while a round's kept snapshot beats its start by ``settings.round_gain`` on the judge (with
     ``settings.confirm_seeds``: on that many other seeds, :func:`confirm_round`). A round that does not is
     discarded; the next round starts from the last one kept with the next particle seed (seed + 1: other starts and
@@ -293,8 +294,8 @@ def polish_rounds(source: PolishSource, settings: PolishSettings, out: str | Pat
     out = Path(out)
     source = replace(source)
     given, chosen, first, rows, seed, failures = source.policy_file, None, None, [], settings.seed, 0
-    for k in range(1, settings.rounds + 1):
-        round_settings = replace(settings, seed=seed, add_basis=settings.add_basis if k == 1 else 0)
+    for k in range(settings.first_round, settings.first_round + settings.rounds):
+        round_settings = replace(settings, seed=seed, add_basis=settings.add_basis if k == settings.first_round else 0)
         result = polish(source, round_settings, out / f"round_{k}", progress, round_index=k)
         first = result if first is None else first
         start_score, kept_score = result.optimization.snapshots[0][1], result.optimization.kept_score
