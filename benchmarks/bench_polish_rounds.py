@@ -26,10 +26,10 @@ from mcpilco_core.plotting import pyplot, save_figure  # noqa: E402
 
 
 def round_reports(folder: Path) -> list[dict]:
-    """Every round's polish.json in ``folder`` (round_1, round_2, ...), in order; the rounds' rows of OUT/polish.json
-    (kept, confirming scores) merged in when the rounds finished."""
+    """Every round's polish.json in ``folder`` (round_K, K from the polish's first round), in order, with its round
+    number; the rounds' rows of OUT/polish.json (kept, confirming scores) merged in when the rounds finished."""
     rounds = sorted(folder.glob("round_*/polish.json"), key=lambda p: int(p.parent.name.split("_")[1]))
-    reports = [json.loads(p.read_text()) for p in rounds]
+    reports = [{**json.loads(p.read_text()), "round": int(p.parent.name.split("_")[1])} for p in rounds]
     summary = folder / "polish.json"
     rows = json.loads(summary.read_text()).get("rounds", []) if summary.is_file() else []
     for report, row in zip(reports, rows):
@@ -70,7 +70,8 @@ def main() -> int:
         print("| round | particle seed | judge: start -> kept | confirming: start -> kept | kept | report: start |")
         print("|---|---|---|---|---|---|")
         reports = round_reports(folder)
-        scores = []
+        scores, numbers = [], [r["round"] for r in reports]
+        numbers.append(numbers[-1] + 1 if numbers else 1)           # the end
         for k, policy in enumerate(chain(folder)):
             if policy.resolve() not in cache:
                 results = evaluate_seeds(ControllerSpec(str(config), str(policy)), args.seeds, jobs=args.jobs)
@@ -81,13 +82,13 @@ def main() -> int:
                 snapshots = dict((int(s), v) for s, v in report["snapshots"])
                 confirm = ("" if row.get("confirm_kept") is None else
                            f"{row['confirm_start']:.3f} -> {row['confirm_kept']:.3f}")
-                print(f"| {k + 1} | {report['settings']['seed']} | {snapshots[0]:.3f} -> "
+                print(f"| {report['round']} | {report['settings']['seed']} | {snapshots[0]:.3f} -> "
                       f"{snapshots[report['kept_step']]:.3f} | {confirm} | {row.get('kept', '?')} | "
                       f"{scores[-1]:.3f} |", flush=True)
             else:
                 print(f"| end | | | | | {scores[-1]:.3f} |", flush=True)
         confirm = reports[0]["settings"].get("confirm_seeds", 0) if reports else 0
-        ax.plot(np.arange(1, len(scores) + 1), scores, ".-",
+        ax.plot(numbers[:len(scores)], scores, ".-",
                 label="/".join(folder.parts[-2:]) + (f" (confirm seeds {confirm})" if confirm else " (no confirm)"))
     if args.plot:
         ax.set(xlabel="round (its start; the last point: the end)", ylabel=f"protocol, mean of {len(args.seeds)} seeds",

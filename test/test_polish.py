@@ -617,7 +617,7 @@ def test_a_continued_polish_numbers_its_rounds_on_and_judges_on_seeds_not_used_y
                                                                                      capsys):
     """polish.first_round / --first-round K: the rounds are numbered from K (OUT/round_K), and round K's judge and
     confirming seeds are those round K of one long polish would use, so a polish continued from another's output
-    does not judge again on the seeds the earlier rounds picked and confirmed on."""
+    does not judge again on the seeds the earlier rounds picked and confirmed on; a single polish is round K."""
     from mcpilco_core.learning.optimizer import CONFIRM_FIRST_SEED
 
     calls: list[tuple[int, ...]] = []
@@ -636,9 +636,12 @@ def test_a_continued_polish_numbers_its_rounds_on_and_judges_on_seeds_not_used_y
     assert (tmp_path / "on" / "round_4" / "policy.npz").exists() and not (tmp_path / "on" / "round_1").exists()
     report = json.loads((tmp_path / "on" / "polish.json").read_text())
     assert [r["round"] for r in report["rounds"]] == [4] and report["rounds"][0]["judge_seeds"] == list(calls[0])
+    calls.clear()
+    polish_module.polish(load_source(run), replace(settings, rounds=1), tmp_path / "single", progress=False)
+    assert calls[0] == tuple(range(first + 9, first + 12))                          # a single polish is round 4 too
     assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--first-round", "2", "--out",
-                     str(tmp_path / "single")]) == 0
-    assert json.loads((tmp_path / "single" / "polish.json").read_text())["settings"]["first_round"] == 2
+                     str(tmp_path / "cli")]) == 0
+    assert json.loads((tmp_path / "cli" / "polish.json").read_text())["settings"]["first_round"] == 2
     assert cli.main(["polish", str(run), "--first-round", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "first_round must be >= 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 

@@ -291,7 +291,7 @@ def _run_polish(args: argparse.Namespace) -> int:
     elif settings.rounds > 1:
         result = polish_rounds(source, settings, out, progress=source.config.progress)
     else:
-        result = polish(source, settings, out, progress=source.config.progress, round_index=settings.first_round)
+        result = polish(source, settings, out, progress=source.config.progress)
     print(f"particle cost {result.cost_before:.2f} -> {result.cost_after:.2f} over {result.optimization.steps} steps "
           f"({result.optimization.wall_time:.0f} s): {result.policy_file}"
           + (" (the policy given, kept: nothing judged better)" if result.kept_step == 0 else ""))

@@ -164,9 +164,10 @@ def _session_source(root: Path) -> PolishSource:
 
 
 def polish(source: PolishSource, settings: PolishSettings, out: str | Path, progress: bool = True,
-           round_index: int = 1) -> PolishResult:
+           round_index: int | None = None) -> PolishResult:
     """Optimise ``source``'s policy on its model (module docstring) and write OUT/policy.npz, polish.json and
-    polish_curve.png; ``round_index`` picks the judge's seeds (``PolishSettings.judge_seeds``). No robot time."""
+    polish_curve.png; ``round_index`` picks the judge's seeds (``PolishSettings.judge_seeds``; default
+    ``settings.first_round``). No robot time."""
     from .learner import initial_distribution
 
     config = polish_config(source.config, settings)
@@ -193,7 +194,7 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     policy = TorchPolicy.from_numpy(numpy_policy, config.torch_dtype).to(config.device)
     sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
-    optimizer = settings.optimizer(config.optimizer, round_index)
+    optimizer = settings.optimizer(config.optimizer, settings.first_round if round_index is None else round_index)
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
              if settings.snapshot_every > 0 else None)
     cost = polish_cost(config, settings)
@@ -269,7 +270,7 @@ def polish_candidates(source: PolishSource, settings: PolishSettings, files: lis
     for k, file in enumerate(files):
         source.policy_file = Path(file)
         LOG.info("polish: candidate %d of %d: %s", k + 1, len(files), file)
-        results.append(polish(source, settings, out / f"candidate_{k}", progress, round_index=settings.first_round))
+        results.append(polish(source, settings, out / f"candidate_{k}", progress))
     scores = [r.optimization.kept_score for r in results]
     best = int(np.argmax(scores))
     LOG.info("polish: kept candidate %d (%s, judge %.3f; the others %s)", best, files[best], scores[best],
