@@ -15,6 +15,7 @@ from mcpilco_core.evaluation import (
     ZeroController,
     evaluate_seed,
     evaluate_seeds,
+    fractions_up,
     score_trajectory,
     uptime,
 )
@@ -259,3 +260,22 @@ def test_cli_evaluate_robot_profile(tmp_path, capsys, pendubot_config):
     bad.write_text("delay: -1.0\n")
     assert cli.main(["evaluate", "--robot", "pendubot", "--robot-profile", str(bad)]) == 2
     assert "field 'delay'" in capsys.readouterr().err
+
+
+def test_the_scores_are_the_same_in_worker_processes(acrobot_config, repo):
+    """evaluation.fractions_up (the learner's judge, optimizer.judge_processes): the seeds run in spawned worker
+    processes give exactly the scores of the runs in this process, noise included; a bad count is refused."""
+    from mcpilco_core.control import build_controller
+    from mcpilco_core.policy import load_policy
+
+    policy = load_policy(repo / "policies" / "acrobot.npz", robot="acrobot", torque_limit=6.0)
+    controller = build_controller(acrobot_config, policy)
+    here = fractions_up(controller, acrobot_config, [0, 1, 2], 8.0, "hardware_proxy_nonoise")
+    assert fractions_up(controller, acrobot_config, [0, 1, 2], 8.0, "hardware_proxy_nonoise", processes=2) == here
+    noisy = fractions_up(controller, acrobot_config, [0, 1], 8.0, "hardware_proxy")        # noise drawn per seed
+    assert fractions_up(controller, acrobot_config, [0, 1], 8.0, "hardware_proxy", processes=2) == noisy
+    assert here == [evaluate_seed(build_controller(acrobot_config, policy), acrobot_config, s, 8.0, False,
+                                  "hardware_proxy_nonoise").score for s in (0, 1, 2)]
+    assert len(set(here + noisy)) > 1                    # several schedules, not one score again and again
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        fractions_up(controller, acrobot_config, [0, 1], 5.0, None, processes=0)

@@ -262,7 +262,8 @@ def test_judged_snapshots_keep_the_best_parameters_and_leave_the_steps_as_they_w
                                         ("restart_below: 0.2", "optimizer.restart_below.*snapshot_every"),
                                         ("restart_below: -0.1", "optimizer.restart_below"),
                                         ("snapshot_every: 5, restart_below: 1.5", "optimizer.restart_below.*at most 1"),
-                                        ("restart_from: 1", "optimizer.restart_from")])
+                                        ("restart_from: 1", "optimizer.restart_from"),
+                                        ("judge_processes: 0", "optimizer.judge_processes")])
 def test_snapshot_settings_are_validated(tmp_path, text, words):
     path = tmp_path / "train.yaml"
     path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\noptimizer: {{{text}}}\n")

@@ -159,6 +159,7 @@ def test_snapshots_are_judged_on_the_learners_identified_plant_and_the_best_is_t
     assert profile == "nominal"                                     # no gp.identify_robot: ideal sensors and motors
     again = protocol_scores(config, path, robot, (3000, 3001), 3.0, profile)
     assert float(np.mean(again)) == pytest.approx(scores[opt.kept_step], abs=1e-12)
+    assert protocol_scores(config, path, robot, (3000, 3001), 3.0, profile, processes=2) == again  # judge_processes
     summary = json.loads((tmp_path / "run" / "trials" / "trial_001" / "summary.json").read_text())
     assert summary["kept_step"] == opt.kept_step and len(summary["snapshots"]) == 5
     assert summary["timings_s"]["snapshot_judge"] > 0
@@ -174,9 +175,9 @@ def test_fresh_snapshot_seeds_give_each_trial_a_judge_of_its_own(tmp_path, monke
     seen: list[tuple[int, ...]] = []
     real = protocol.protocol_judge
 
-    def recording_judge(config, model, seeds, seconds):
+    def recording_judge(config, model, seeds, seconds, processes=1):
         seen.append(tuple(seeds))
-        return real(config, model, seeds, seconds)
+        return real(config, model, seeds, seconds, processes)
 
     monkeypatch.setattr(protocol, "protocol_judge", recording_judge)
     base = load_train_config(TINY, "pendubot")

@@ -55,7 +55,7 @@ def scripted_judge(monkeypatch, scores: list[float]) -> list[np.ndarray]:
     shown, in order (each round's start is judged first)."""
     answers, judged = iter(scores), []
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         def judge(policy):
             judged.append(policy.weights.detach().clone().numpy())
             return next(answers)
@@ -79,7 +79,8 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"policy_period": -0.01}, "polish.policy_period"), ({"pool": "robot"}, "polish.pool"),
                        ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
                        ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds"),
-                       ({"confirm_seeds": -1}, "polish.confirm_seeds"), ({"first_round": 0}, "polish.first_round")):
+                       ({"confirm_seeds": -1}, "polish.confirm_seeds"), ({"first_round": 0}, "polish.first_round"),
+                       ({"judge_processes": -1}, "polish.judge_processes")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -88,7 +89,8 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
-             "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16, "first_round": 9}
+             "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16, "first_round": 9,
+             "judge_processes": 2}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -120,7 +122,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "height_weight": 0.0, "height_scale": 0.02, "candidates": 1, "horizon": 0.0,
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
-                                  "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0, "first_round": 1}
+                                  "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0, "first_round": 1,
+                                  "judge_processes": 0}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -142,8 +145,8 @@ def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing
     built: list[tuple] = []
     scores = {"start": [0.5, 0.2, 0.3, 0.4], "middle": [0.1, 0.2, 0.6, 0.3], "end": [0.1, 0.2, 0.3, 0.4]}[best]
 
-    def fake_judge(config, model, seeds, seconds):
-        built.append((tuple(seeds), seconds))
+    def fake_judge(config, model, seeds, seconds, processes=1):
+        built.append((tuple(seeds), seconds, processes))
 
         def judge(policy):
             judged.append(policy.weights.detach().clone().numpy())
@@ -152,10 +155,12 @@ def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
     source = load_source(run)
-    settings = PolishSettings(steps=30, lr=0.01, particles=16, snapshot_every=10)
+    processes = 2 if best == "middle" else 0                     # 0: the training's optimizer.judge_processes
+    settings = PolishSettings(steps=30, lr=0.01, particles=16, snapshot_every=10, judge_processes=processes)
     result = polish(source, settings, tmp_path / "out", progress=False)
     training = source.config.optimizer
-    assert built == [(tuple(training.snapshot_seeds), training.snapshot_seconds)]   # the training's judge seeds
+    assert built == [(tuple(training.snapshot_seeds), training.snapshot_seconds,      # the training's judge seeds
+                      processes or training.judge_processes)]
     assert len(judged) == 4                                      # the start and steps 10, 20, 30
     kept = {"start": 0, "middle": 20, "end": 30}[best]
     report = json.loads((tmp_path / "out" / "polish.json").read_text())
@@ -277,7 +282,7 @@ def test_several_candidates_are_polished_and_the_best_judged_is_kept(run, tmp_pa
     assert len(polish_module.candidate_policies(chosen, 10)) == 3                # as many as were ranked
     scores = iter([0.1, 0.2, 0.15, 0.3, 0.5, 0.4])                               # candidate 1 wins at step 2
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         return lambda policy: next(scores)
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
@@ -532,7 +537,7 @@ def test_each_round_may_be_judged_on_new_seeds_with_its_start_judged_again(run, 
     calls: list[tuple[int, ...]] = []
     scores = iter([0.1, 0.4, 0.2, 0.3, 0.35, 0.31, 0.3, 0.302, 0.3])   # per round: start, step 2, step 4
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         calls.append(tuple(seeds))
         return lambda policy: next(scores)
 
@@ -576,7 +581,7 @@ def test_a_round_may_be_kept_only_when_it_gains_on_seeds_it_was_not_picked_on(ru
                    0.3, 0.2, 0.2])                # round 3: kept its start: not judged again, discarded; stop
     seen: list[np.ndarray] = []
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         calls.append(tuple(seeds))
         return lambda policy: (seen.append(policy.weights.detach().numpy().copy()), next(scores))[1]
 
@@ -622,7 +627,7 @@ def test_a_continued_polish_numbers_its_rounds_on_and_judges_on_seeds_not_used_y
 
     calls: list[tuple[int, ...]] = []
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         calls.append(tuple(seeds))
         return lambda policy: 0.5          # nothing gains: one round, then the stop
 
@@ -692,7 +697,7 @@ def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tm
 
     seen: dict[str, list] = {"judge": [], "pool": []}
 
-    def fake_judge(config, model, seeds, seconds):
+    def fake_judge(config, model, seeds, seconds, processes=1):
         seen["judge"].append(config.robot)
         return lambda policy: 0.5
 

@@ -131,6 +131,9 @@ def register(subparsers) -> None:
     p.add_argument("--first-round", type=int, default=None,
                    help="number the rounds from this one (OUT/round_K, and the judge's and confirming seeds of round "
                         "K): to continue an earlier polish on seeds its rounds did not use (default 1)")
+    p.add_argument("--judge-processes", type=int, default=None,
+                   help="run the judge's protocol seeds in this many worker processes (the same scores in less wall "
+                        "time; default: the run's optimizer.judge_processes)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -259,7 +262,8 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  rounds=args.rounds, round_gain=args.round_gain, policy_period=args.policy_period,
                                  pool=args.pool, retries=args.retries, robot_config=args.robot_config,
                                  add_basis=args.add_basis, judge_seeds=args.judge_seeds,
-                                 confirm_seeds=args.confirm_seeds, first_round=args.first_round)
+                                 confirm_seeds=args.confirm_seeds, first_round=args.first_round,
+                                 judge_processes=args.judge_processes)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         if settings.candidates > 1 and args.policy is not None:

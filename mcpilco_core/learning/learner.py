@@ -396,7 +396,8 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           add_basis=r.integer("add_basis", d.add_basis, minimum=0),
                           judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0),
                           confirm_seeds=r.integer("confirm_seeds", d.confirm_seeds, minimum=0),
-                          first_round=r.integer("first_round", d.first_round, minimum=1))
+                          first_round=r.integer("first_round", d.first_round, minimum=1),
+                          judge_processes=r.integer("judge_processes", d.judge_processes, minimum=0))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
@@ -419,7 +420,8 @@ def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:
         snapshot_start=r.boolean("snapshot_start", d.snapshot_start),
         snapshot_fresh=r.boolean("snapshot_fresh", d.snapshot_fresh),
         restart_below=r.number("restart_below", d.restart_below, nonnegative=True),
-        restart_from=r.integer("restart_from", d.restart_from, minimum=2))
+        restart_from=r.integer("restart_from", d.restart_from, minimum=2),
+        judge_processes=r.integer("judge_processes", d.judge_processes, minimum=1))
     if s.starts_first > 1 and s.snapshot_every <= 0:
         raise ConfigError(r.source, r.name("starts_first"), "more than one start needs snapshot_every > 0 (the "
                           "starts are compared by their best snapshot)")
@@ -836,7 +838,7 @@ class Learner:
         opt = self.config.optimizer
         if opt.snapshot_every <= 0:
             return None
-        return protocol_judge(self.config, self.model, opt.judge_seeds(k), opt.snapshot_seconds)
+        return protocol_judge(self.config, self.model, opt.judge_seeds(k), opt.snapshot_seconds, opt.judge_processes)
 
     def learning_trial(self, k: int) -> TrialRecord:
         """Fit, optimise, run, evaluate (trial k >= 1)."""

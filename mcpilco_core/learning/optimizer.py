@@ -62,7 +62,9 @@ class OptimizerSettings:
     scores higher (0: never; needs snapshot_every > 0). Why: a warm start stays in its basin, and a run whose early
     policies never learnt the swing-up keeps polishing one that does not (acrobot training seed 1 kept one policy,
     judged 0.10-0.18, from trial 4 to 11), while a random start on a later model has that model to learn from. No
-    robot time: both are judged on the learner's own robot."""
+    robot time: both are judged on the learner's own robot. judge_processes: the judge's protocol runs go to that
+    many worker processes (1: in this process). The same scores, so the same run; why: while the judge runs, the
+    optimisation waits, and with 8 seeds of 60 s per snapshot that is about half of a polish round on one core."""
 
     lr: float = 0.01
     lr_min: float = 0.0025
@@ -83,6 +85,7 @@ class OptimizerSettings:
     snapshot_fresh: bool = False
     restart_below: float = 0.0
     restart_from: int = 2
+    judge_processes: int = 1
 
     def restarts(self, trial: int, warm_score: float) -> bool:
         """Whether warm-started trial ``trial``, whose kept snapshot the judge scored ``warm_score``, also optimises a
@@ -158,9 +161,9 @@ class PolishSettings:
     first_round: the number of the first round (its folder OUT/round_K and its judge's and confirming seeds; a single
     polish is that round). Why: a polish continued from an earlier one's output with ``first_round`` = the rounds
     already run + 1 judges and confirms on seeds the earlier rounds did not use; from 1 again it would re-use them
-    with other policies.
-    No
-    dropout: the polish tunes the policy that runs on the robot, every basis function on.
+    with other policies. judge_processes: the worker processes of the judge's and the confirming seeds' protocol runs
+    (0: the training's ``optimizer.judge_processes``; the same scores either way).
+    No dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
     simulated on the learner's own robot, no robot time), the starting policy included: the polish keeps the best,
@@ -188,10 +191,14 @@ class PolishSettings:
     judge_seeds: int = 0
     confirm_seeds: int = 0
     first_round: int = 1
+    judge_processes: int = 0
 
     def __post_init__(self) -> None:
         if self.first_round < 1:
             raise ValueError(f"polish: first_round must be >= 1 (rounds count from 1), got {self.first_round}")
+        if self.judge_processes < 0:
+            raise ValueError(f"polish: judge_processes must be >= 0 (0: the training's optimizer.judge_processes), got "
+                             f"{self.judge_processes}")
         if self.confirm_seeds < 0:
             raise ValueError(f"polish: confirm_seeds must be >= 0 (0: a round's gain is judged on the seeds its "
                              f"snapshot was picked on), got {self.confirm_seeds}")
@@ -235,7 +242,8 @@ class PolishSettings:
                                  max_steps_first=self.steps, min_steps=self.steps + 1,
                                  snapshot_every=self.snapshot_every,
                                  snapshot_seeds=self.judge_seeds_for(training, round_index),
-                                 snapshot_seconds=training.snapshot_seconds, snapshot_start=True)
+                                 snapshot_seconds=training.snapshot_seconds, snapshot_start=True,
+                                 judge_processes=self.judge_processes or training.judge_processes)
 
     def judge_seeds_for(self, training: OptimizerSettings, round_index: int = 1) -> tuple[int, ...]:
         """The protocol seeds the judge runs in round ``round_index`` (from 1): the training's snapshot seeds when

@@ -195,8 +195,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     sampler = initial_distribution(config, source.next_trial, pool).sampler(config.device, config.torch_dtype)
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     optimizer = settings.optimizer(config.optimizer, settings.first_round if round_index is None else round_index)
-    judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds)
-             if settings.snapshot_every > 0 else None)
+    judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds,
+                            optimizer.judge_processes) if settings.snapshot_every > 0 else None)
     cost = polish_cost(config, settings)
     horizon_steps = int(round(polish_horizon(config, settings) / config.robot.policy_period))
     start = time.perf_counter()
@@ -228,7 +228,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
                "judge": None if judge is None else {"seeds": list(optimizer.snapshot_seeds),
                                                     "seconds_each": optimizer.snapshot_seconds,
                                                     "robot": "the learner's own (no robot time)"},
-               "wall_time_s": time.perf_counter() - start, "robot_time_s": 0.0, "policy": str(policy_file)}
+               "wall_time_s": time.perf_counter() - start, "judge_time_s": result.judge_time, "robot_time_s": 0.0,
+               "policy": str(policy_file)}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
     _plot(costs, result.snapshots, kept, out / "polish_curve.png", str(source.policy_file))
     LOG.info("polish: cost %.2f -> %.2f over %d steps (%.0f s), kept step %d%s, no robot time: %s", before, after,
@@ -340,7 +341,8 @@ def confirm_round(source: PolishSource, settings: PolishSettings, round_index: i
     if result.kept_step == 0:
         return {"confirm_seeds": list(seeds), "confirm_start": None, "confirm_kept": None}
     config = polish_config(source.config, settings)
-    judge = protocol_judge(config, source.model, seeds, config.optimizer.snapshot_seconds)
+    judge = protocol_judge(config, source.model, seeds, config.optimizer.snapshot_seconds,
+                           settings.judge_processes or config.optimizer.judge_processes)
     start, kept = (judge(_judged_policy(config, settings, file)) for file in (source.policy_file, result.policy_file))
     return {"confirm_seeds": list(seeds), "confirm_start": start, "confirm_kept": kept}
 

@@ -22,32 +22,34 @@ def on_model(config, model: DynamicsModel):
     return replace(config.robot, plant=model.config.plant), "nominal"
 
 
-def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str) -> list[float]:
+def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str, processes: int = 1) -> list[float]:
     """Fraction of the time up, per disturbance schedule of ``seeds``, of the run's controller with ``policy`` (a
     policy file, or the runtime policy itself), over ``seconds`` (s) of the protocol on the simulated robot
     ``profile`` of the robot config ``robot`` (the run's robot and profile for the robot; :func:`on_model`'s for the
-    model). The
-    ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through here."""
+    model). The ranking, the check and the optimiser's snapshot judge (``Learner.protocol_judge``) all score through
+    here. ``processes`` > 1: the seeds run in that many worker processes (the same numbers,
+    :func:`evaluation.fractions_up`)."""
     from ..control import build_controller
-    from ..evaluation import evaluate_seed
+    from ..evaluation import fractions_up
 
     if isinstance(policy, (str, Path)):
         policy = load_policy(policy, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
     controller = build_controller(config.robot, policy)
-    return [float(evaluate_seed(controller, robot, s, seconds, False, profile).score) for s in seeds]
+    return fractions_up(controller, robot, seeds, seconds, profile, processes)
 
 
-def protocol_judge(config, model: DynamicsModel, seeds, seconds: float):
+def protocol_judge(config, model: DynamicsModel, seeds, seconds: float, processes: int = 1):
     """A judge of torch policies (a callable policy -> score): the mean fraction of the time up over ``seeds`` x
     ``seconds`` (s) of the protocol simulated on :func:`on_model`'s robot, with the controller the policy will run in
     (its LQR and switching). A simulation of the model: no robot time. The optimiser's snapshot judge
-    (``Learner.protocol_judge``) and ``mcpilco polish`` use it."""
+    (``Learner.protocol_judge``) and ``mcpilco polish`` use it; ``processes`` (``optimizer.judge_processes``) > 1 runs
+    its seeds in parallel, with the same scores."""
     import numpy as np
 
     robot, profile = on_model(config, model)
 
     def judge(policy) -> float:
         runtime = policy.to_numpy(config.robot.robot, config.robot.policy_period)
-        return float(np.mean(protocol_scores(config, runtime, robot, seeds, seconds, profile)))
+        return float(np.mean(protocol_scores(config, runtime, robot, seeds, seconds, profile, processes)))
 
     return judge

@@ -222,7 +222,8 @@ def protocol_on_model(selection: Selection, config, model: DynamicsModel, protoc
     selection.protocol_plant = {"b": list(robot.plant.b), "cf": list(robot.plant.cf), "Ir": robot.plant.Ir,
                                 **({"identified_robot": model.robot.to_dict()} if model.robot is not None else {})}
     for k, path in selection.files.items():
-        scores = protocol_scores(config, path, robot, protocol.seeds, protocol.seconds, profile)
+        scores = protocol_scores(config, path, robot, protocol.seeds, protocol.seconds, profile,
+                                 config.optimizer.judge_processes)
         selection.protocol_scores[k] = float(np.mean(scores))
 
 
