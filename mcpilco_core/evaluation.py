@@ -345,16 +345,23 @@ def fractions_up(controller, config: RobotConfig, seeds: Sequence[int], duration
     robot config ``config`` and ``profile``; with ``processes`` > 1 the seeds run in that many worker processes
     (:func:`scoring_pool`), each on its own copy of the controller. The numbers are the same either way: each run
     resets the controller and draws everything from its own seed. Why: the learner's snapshot judge runs 8-16
-    protocol runs of 60 s at a time while its optimisation waits, about half of a polish round's wall time on one
-    core."""
+    protocol runs of 60 s at a time while its optimisation waits (a fifth of a polish round's wall time on one core).
+    The workers are spawned, so a script that calls this needs the usual ``if __name__ == "__main__":`` guard."""
     if processes < 1:
         raise ValueError(f"fractions_up: processes must be >= 1, got {processes}")
     profile = load_robot_profile(profile)
     if processes == 1 or len(seeds) <= 1:
         return [_fraction_up(controller, config, s, duration, profile) for s in seeds]
-    pool = scoring_pool(processes)
-    futures = [pool.submit(_fraction_up, controller, config, int(s), duration, profile) for s in seeds]
-    return [f.result() for f in futures]
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        pool = scoring_pool(processes)
+        futures = [pool.submit(_fraction_up, controller, config, int(s), duration, profile) for s in seeds]
+        return [f.result() for f in futures]
+    except BrokenProcessPool as error:
+        _SCORING_POOLS.pop(processes, None)            # the next call starts new workers
+        raise RuntimeError(f"a worker process of the protocol runs stopped ({error}); the next call starts new "
+                           "ones (judge_processes: 1 runs them in this process)") from error
 
 
 def summarize(results: Sequence[EvaluationResult]) -> dict:

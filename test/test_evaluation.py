@@ -279,3 +279,21 @@ def test_the_scores_are_the_same_in_worker_processes(acrobot_config, repo):
     assert len(set(here + noisy)) > 1                    # several schedules, not one score again and again
     with pytest.raises(ValueError, match="processes must be >= 1"):
         fractions_up(controller, acrobot_config, [0, 1], 5.0, None, processes=0)
+
+
+def test_a_stopped_worker_process_gives_a_clear_error_and_the_next_call_new_workers(acrobot_config):
+    """A worker of fractions_up's pool that dies (killed, out of memory) fails that call with an error that says what
+    happened, and the next call starts new workers instead of failing for ever."""
+    import os
+    import signal
+
+    from mcpilco_core import evaluation
+    from mcpilco_core.control import build_controller
+
+    controller = build_controller(acrobot_config)
+    first = fractions_up(controller, acrobot_config, [0, 1], 1.0, None, processes=3)
+    for pid in list(evaluation.scoring_pool(3)._processes):
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="worker process of the protocol runs stopped"):
+        fractions_up(controller, acrobot_config, [0, 1], 1.0, None, processes=3)
+    assert fractions_up(controller, acrobot_config, [0, 1], 1.0, None, processes=3) == first

@@ -184,6 +184,7 @@ def test_the_default_judge_is_the_protocol_on_the_learners_own_robot(run, tmp_pa
     assert [s for s, _ in report["snapshots"]] == [0, 2, 4] and report["robot_time_s"] == 0.0
     assert all(0.0 <= score <= 1.0 for _, score in report["snapshots"])
     assert report["judge"]["seeds"] == list(source.config.optimizer.snapshot_seeds)
+    assert report["judge"]["processes"] == 1 and report["judge_time_s"] > 0
     start = report["snapshots"][0][1]                                 # the start's score is the protocol's on the
     judge = protocol_judge(source.config, source.model, source.config.optimizer.snapshot_seeds,   # learner's robot
                            source.config.optimizer.snapshot_seconds)

@@ -227,6 +227,7 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
                "snapshots": [list(snapshot) for snapshot in result.snapshots], "kept_step": kept,
                "judge": None if judge is None else {"seeds": list(optimizer.snapshot_seeds),
                                                     "seconds_each": optimizer.snapshot_seconds,
+                                                    "processes": optimizer.judge_processes,
                                                     "robot": "the learner's own (no robot time)"},
                "wall_time_s": time.perf_counter() - start, "judge_time_s": result.judge_time, "robot_time_s": 0.0,
                "policy": str(policy_file)}
