@@ -36,8 +36,9 @@ from mcpilco_core.plant import DoublePendulum  # noqa: E402
 
 def summary_row(label: str, scores: list[float], recoveries: list[Recovery]) -> str:
     s = summarize_recoveries(recoveries)
-    return (f"| {label} | {np.mean(scores):.3f} | {s['n']} | {s['caught']:.2f} | {s['time_to_line']:.2f} | "
-            f"{s['time_to_stay']:.2f} | {s['time_to_lqr']:.2f} | {s['below_line']:.2f} |")
+    return (f"| {label} | {np.mean(scores):.3f} | {s['n']} | {s['caught']:.2f} | {s['caught_on_first_arrival']:.2f} | "
+            f"{s['passes']:.2f} | {s['time_to_line']:.2f} | {s['time_to_stay']:.2f} | {s['time_to_lqr']:.2f} | "
+            f"{s['below_line']:.2f} |")
 
 
 def plot(recoveries: list[Recovery], title: str, path: Path) -> None:
@@ -89,9 +90,9 @@ def main() -> int:
                              keep_trajectory=True, profile=args.robot_profile)
     recoveries = [r for result in results for r in disturbance_recoveries(result, plant)]
     label = f"{args.robot} / {Path(args.controller).name} / {args.robot_profile}"
-    print("| controller | score | disturbances | caught | to line (s) | to caught (s) | to LQR (s) | "
-          "below line per disturbance (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| controller | score | disturbances | caught | caught on the first arrival | passes above the line "
+          "(caught ones) | to line (s) | to caught (s) | to LQR (s) | below line per disturbance (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(summary_row(label, [r.score for r in results], recoveries))
     slow = sorted(recoveries, key=lambda r: -np.inf if not r.caught else -r.time_to_stay)[:args.worst]
     print("\nslowest / failed recoveries (hand-over state q1, q2 wrapped; rad, rad/s):")

@@ -391,7 +391,9 @@ class Recovery:
     Times in s from the hand-over; NaN = it never happened in the stretch. ``time_to_line``: first state above
     the line; ``time_to_stay``: from then on above the line until the stretch ends (the catch, whoever made it);
     ``time_to_lqr``: the balancing controller's mode from then on to the end; ``below_line``: seconds below the
-    line in the stretch plus the window itself (what this disturbance cost the score).
+    line in the stretch plus the window itself (what this disturbance cost the score); ``passes``: how many separate
+    stretches above the line it has (1 and caught: caught on its first arrival; the pendubot's are, the acrobot goes
+    over the top and round once more).
     """
 
     seed: int
@@ -403,10 +405,16 @@ class Recovery:
     time_to_stay: float
     time_to_lqr: float
     below_line: float
+    passes: int = 0
 
     @property
     def caught(self) -> bool:
         return bool(np.isfinite(self.time_to_stay))
+
+    @property
+    def caught_on_first_arrival(self) -> bool:
+        """Above the line from its first arrival to the next window (the catch came with the first pass)."""
+        return self.caught and self.passes == 1
 
 
 def _first_from_then_on(flags: np.ndarray, dt: float) -> float:
@@ -415,6 +423,13 @@ def _first_from_then_on(flags: np.ndarray, dt: float) -> float:
         return float("nan")
     false = np.flatnonzero(~flags)
     return (false[-1] + 1) * dt if false.size else 0.0
+
+
+def _stretches(flags: np.ndarray) -> int:
+    """The number of separate runs of true in ``flags``."""
+    if flags.size == 0:
+        return 0
+    return int(flags[0]) + int(np.count_nonzero(flags[1:] & ~flags[:-1]))
 
 
 def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> list[Recovery]:
@@ -441,18 +456,22 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> l
             handover_state=(float(wrap_angle(x0[0])), float(wrap_angle(x0[1])), float(x0[2]), float(x0[3])),
             length=(stop - end) * dt, time_to_line=first[0] * dt if first.size else float("nan"),
             time_to_stay=_first_from_then_on(up, dt), time_to_lqr=_first_from_then_on(balanced, dt),
-            below_line=float(np.sum(~above[start:stop])) * dt))
+            below_line=float(np.sum(~above[start:stop])) * dt, passes=_stretches(up)))
     return out
 
 
 def summarize_recoveries(recoveries: Sequence[Recovery]) -> dict:
-    """Means over the recoveries (times over those where it happened) and the caught fraction."""
+    """Means over the recoveries (times over those where it happened; passes over the caught ones), the caught
+    fraction and the fraction caught on the first arrival."""
     def mean_of(values: list[float]) -> float:
         finite = [v for v in values if np.isfinite(v)]
         return float(np.mean(finite)) if finite else float("nan")
 
     return {"n": len(recoveries),
             "caught": float(np.mean([r.caught for r in recoveries])) if recoveries else float("nan"),
+            "caught_on_first_arrival": (float(np.mean([r.caught_on_first_arrival for r in recoveries]))
+                                        if recoveries else float("nan")),
+            "passes": mean_of([float(r.passes) for r in recoveries if r.caught]),
             "time_to_line": mean_of([r.time_to_line for r in recoveries]),
             "time_to_stay": mean_of([r.time_to_stay for r in recoveries]),
             "time_to_lqr": mean_of([r.time_to_lqr for r in recoveries]),

@@ -50,14 +50,27 @@ def test_recoveries_on_a_constructed_run(pendubot_plant):
     assert first.time_to_stay == pytest.approx(60 * DT)      # above from step 60 of the stretch to its end
     assert first.time_to_lqr == pytest.approx(85 * DT)
     assert first.below_line == pytest.approx((100 + 40) * DT)  # the window, plus 30 + 10 below after it
-    assert first.caught
-    assert second.length == pytest.approx(40 * DT) and not second.caught
+    assert first.caught and first.passes == 2 and not first.caught_on_first_arrival   # up, down, up again
+    assert second.length == pytest.approx(40 * DT) and not second.caught and second.passes == 0
     assert math.isnan(second.time_to_line) and math.isnan(second.time_to_stay) and math.isnan(second.time_to_lqr)
     assert second.below_line == pytest.approx(140 * DT)
     summary = summarize_recoveries([first, second])
     assert summary["n"] == 2 and summary["caught"] == 0.5
     assert summary["time_to_stay"] == pytest.approx(60 * DT)   # over the recoveries where it happened
     assert summary["below_line"] == pytest.approx(140 * DT)
+    assert summary["caught_on_first_arrival"] == 0.0 and summary["passes"] == 2.0   # passes: over the caught ones
+
+
+def test_a_recovery_held_from_its_first_arrival_is_caught_on_it(pendubot_plant):
+    # window (100 steps); 10 below, then above to the next window; window; above at once, down, up, down: not caught
+    result = constructed([(100, DOWN, "reset"), (10, DOWN, "policy"), (40, UP, "lqr"), (100, DOWN, "reset"),
+                          (5, UP, "policy"), (5, DOWN, "policy"), (5, UP, "policy"), (5, DOWN, "policy")],
+                         windows=[[0.0, 100 * DT], [150 * DT, 250 * DT]])
+    held, lost = disturbance_recoveries(result, pendubot_plant)
+    assert held.passes == 1 and held.caught_on_first_arrival and held.time_to_stay == pytest.approx(10 * DT)
+    assert lost.passes == 2 and not lost.caught and not lost.caught_on_first_arrival
+    summary = summarize_recoveries([held, lost])
+    assert summary["caught_on_first_arrival"] == 0.5 and summary["passes"] == 1.0
 
 
 def test_recoveries_need_the_trajectory(pendubot_plant):
