@@ -326,16 +326,35 @@ def _fraction_up(controller, config: RobotConfig, seed: int, duration: float, pr
     return float(evaluate_seed(controller, config, seed, duration, False, profile).score)
 
 
+def _exit_with_parent(parent: int, period: float = 1.0) -> None:
+    """A worker's initializer: a daemon thread that ends the worker once its parent ``parent`` (pid) is gone. Why: a
+    pool's workers wait on their queue for ever when the process that made them is killed (SIGKILL, the OOM killer,
+    a hung session stopped by hand); they would stay behind, each holding its memory."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def scoring_pool(processes: int):
     """The worker processes that :func:`fractions_up` runs its seeds in: ``processes`` of them, spawned at the
     first call (never forked: the learner's process holds OpenMP threads) and kept for every later call with the
-    same number, so a judge that runs every few hundred optimisation steps pays their start-up once."""
+    same number, so a judge that runs every few hundred optimisation steps pays their start-up once. They end with
+    the process that made them, however it ends."""
     if processes not in _SCORING_POOLS:
         import multiprocessing
+        import os
         from concurrent.futures import ProcessPoolExecutor
 
         _SCORING_POOLS[processes] = ProcessPoolExecutor(max_workers=processes,
-                                                        mp_context=multiprocessing.get_context("spawn"))
+                                                        mp_context=multiprocessing.get_context("spawn"),
+                                                        initializer=_exit_with_parent, initargs=(os.getpid(),))
     return _SCORING_POOLS[processes]
 
 

@@ -297,3 +297,58 @@ def test_a_stopped_worker_process_gives_a_clear_error_and_the_next_call_new_work
     with pytest.raises(RuntimeError, match="worker process of the protocol runs stopped"):
         fractions_up(controller, acrobot_config, [0, 1], 1.0, None, processes=3)
     assert fractions_up(controller, acrobot_config, [0, 1], 1.0, None, processes=3) == first
+
+
+WORKERS_SCRIPT = """
+import sys, time
+from mcpilco_core.config import load_robot_config
+from mcpilco_core.control import build_controller
+from mcpilco_core.evaluation import fractions_up, scoring_pool
+
+if __name__ == "__main__":
+    config = load_robot_config(sys.argv[1])
+    fractions_up(build_controller(config), config, [0, 1], 0.2, None, processes=2)
+    print(" ".join(str(pid) for pid in scoring_pool(2)._processes), flush=True)
+    time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie that nobody reaps counts as gone)."""
+    from pathlib import Path
+
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "\\nState:\\tZ" not in status.read_text()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_processes_end_when_the_process_that_made_them_is_killed(tmp_path, repo):
+    """A learner killed with SIGKILL (or by the OOM killer) leaves no judge workers behind: they watch their parent
+    and end within a few seconds of it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("needs /proc to see the workers")
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), str(repo / "config" / "acrobot.yaml")],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(_running(pid) for pid in workers)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 15.0
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_running(pid) for pid in workers)
+    finally:
+        parent.kill()
+        parent.wait(10)
