@@ -582,17 +582,21 @@ def test_a_round_may_be_kept_only_when_it_gains_on_seeds_it_was_not_picked_on(ru
                    0.3, 0.2, 0.2])                # round 3: kept its start: not judged again, discarded; stop
     seen: list[np.ndarray] = []
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    processes: list[int] = []
+
+    def fake_judge(config, model, seeds, seconds, judge_processes=1):
         calls.append(tuple(seeds))
+        processes.append(judge_processes)
         return lambda policy: (seen.append(policy.weights.detach().numpy().copy()), next(scores))[1]
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
     source = load_source(run)
     given = load_policy(source.policy_file).weights
     settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, rounds=5, judge_seeds=3,
-                              confirm_seeds=2, retries=1)
+                              confirm_seeds=2, retries=1, judge_processes=3)
     out = tmp_path / "out"
     polish_module.polish_rounds(source, settings, out, progress=False)
+    assert processes == [3] * 5                   # the confirming judge runs in the polish's processes too
     first = source.config.optimizer.snapshot_seeds[0]
     confirm = [tuple(range(CONFIRM_FIRST_SEED + 2 * k, CONFIRM_FIRST_SEED + 2 * k + 2)) for k in range(2)]
     assert calls == [tuple(range(first, first + 3)), confirm[0], tuple(range(first + 3, first + 6)), confirm[1],

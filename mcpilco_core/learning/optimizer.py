@@ -243,7 +243,12 @@ class PolishSettings:
                                  snapshot_every=self.snapshot_every,
                                  snapshot_seeds=self.judge_seeds_for(training, round_index),
                                  snapshot_seconds=training.snapshot_seconds, snapshot_start=True,
-                                 judge_processes=self.judge_processes or training.judge_processes)
+                                 judge_processes=self.judge_processes_for(training))
+
+    def judge_processes_for(self, training: OptimizerSettings) -> int:
+        """The judge's worker processes (the snapshots' and the confirming seeds'): ``judge_processes``, or the
+        training's ``optimizer.judge_processes`` when it is 0."""
+        return self.judge_processes or training.judge_processes
 
     def judge_seeds_for(self, training: OptimizerSettings, round_index: int = 1) -> tuple[int, ...]:
         """The protocol seeds the judge runs in round ``round_index`` (from 1): the training's snapshot seeds when

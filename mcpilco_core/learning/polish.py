@@ -343,7 +343,7 @@ def confirm_round(source: PolishSource, settings: PolishSettings, round_index: i
         return {"confirm_seeds": list(seeds), "confirm_start": None, "confirm_kept": None}
     config = polish_config(source.config, settings)
     judge = protocol_judge(config, source.model, seeds, config.optimizer.snapshot_seconds,
-                           settings.judge_processes or config.optimizer.judge_processes)
+                           settings.judge_processes_for(config.optimizer))
     start, kept = (judge(_judged_policy(config, settings, file)) for file in (source.policy_file, result.policy_file))
     return {"confirm_seeds": list(seeds), "confirm_start": start, "confirm_kept": kept}
 
