@@ -24,8 +24,9 @@ holds the 50 Hz policy output itself; LQR and damping run on every state) and th
   learner derives trial k's generator from (seed, k): reproducible, never the same twice in a session. The
   supervisor still watches every state: its ``damping`` (too fast) and ``safe`` modes override exploration.
   Switching exploration on the first time imports the learner (torch, ~2 s), which is why it is refused while armed;
-- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute; WARN when the opt-in catch is on
-  and a step took longer than its plan period), refused counts, policy,
+- ``diagnostics``: mode, armed, watchdog, loop timing (state period, step compute; with the opt-in catch on, its
+  plans' compute, solved after each command is published, and WARN when one took longer than its period), refused
+  counts, policy,
   exploration.
 
 The commanded JointState's ``header.frame_id`` carries the supervisor mode that produced it, so recordings
@@ -120,6 +121,7 @@ class ControllerNode(ConfiguredNode):
         self.states_received = 0
         self.commands_published = 0
         self.step_time = RingStats()        # s, Supervisor.step compute time
+        self.plan_time = RingStats()        # s, Supervisor.finish_step (the opt-in catch's plan, after the command)
         self.state_period = RingStats()     # s, receipt interval of valid states
         self._last_stamp_ns: int | None = None
         self._base_ns: int | None = None    # stamp that maps to t = 0 for the supervisor
@@ -313,6 +315,10 @@ class ControllerNode(ConfiguredNode):
         self._last_mode = mode
         self.command_pub.publish(command_message(u, msg.header.stamp, self._last_mode))
         self.commands_published += 1
+        if self.supervisor.plan_pending:    # the opt-in catch's next plan, solved after the command is out
+            start = time.perf_counter()
+            self.supervisor.finish_step()
+            self.plan_time.add(time.perf_counter() - start)
 
     def _check_watchdog(self) -> None:
         if self.watchdog_tripped or time.monotonic() - self._last_state_rx <= self.watchdog_timeout:
@@ -340,9 +346,10 @@ class ControllerNode(ConfiguredNode):
         else:
             level, message = OK, f"mode {self._last_mode}"
         step = self.step_time.summary(1e6)
+        plan = self.plan_time.summary(1e6)
         catch = self.config.catch
-        if level == OK and catch.enabled and step["max"] > catch.period * 1e6:   # a plan overran its period
-            level, message = WARN, (f"a step took {step['max'] / 1e3:.1f} ms, longer than catch.period "
+        if level == OK and catch.enabled and plan["max"] > catch.period * 1e6:   # a plan overran its period
+            level, message = WARN, (f"a catch plan took {plan['max'] / 1e3:.1f} ms, longer than catch.period "
                                     f"({catch.period * 1e3:g} ms): the catch's plans are late on this computer")
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
@@ -352,7 +359,8 @@ class ControllerNode(ConfiguredNode):
                   "rho": self.supervisor.rho, "states_received": self.states_received,
                   "commands_published": self.commands_published,
                   "step_compute_p50_us": step["p50"], "step_compute_p99_us": step["p99"],
-                  "step_compute_max_us": step["max"], "state_period_mean_ms": period["mean"],
+                  "step_compute_max_us": step["max"], "plan_compute_p50_us": plan["p50"],
+                  "plan_compute_max_us": plan["max"], "state_period_mean_ms": period["mean"],
                   "state_period_p99_ms": period["p99"], "state_period_max_ms": period["max"],
                   "last_reload": self._last_reload, "exploring": self.exploring,
                   "exploration_amplitude": self.exploration_amplitude, "exploration_seed": self.exploration_seed,

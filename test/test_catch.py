@@ -124,18 +124,46 @@ def test_the_lqr_holds_the_first_period_then_each_plan_is_held_for_its_period():
     assert supervisor._catch.plans_solved == 5               # the first one while the LQR held, then one per period
 
 
+def test_the_command_at_a_period_boundary_does_not_wait_for_the_next_plan():
+    """step() returns with the plan pending; finish_step() (the node, after publishing) or the next step solves it,
+    and the torques are the same either way."""
+    config = with_catch("acrobot")
+    runs = {}
+    for finish in (True, False):
+        supervisor = build_controller(config)
+        robot = load_robot_profile("nominal").robot(config, 0, DROPPED_BY_THE_LQR)
+        torques, solved_in_step = [], 0
+        for k in range(50):
+            before = supervisor._catch.plans_solved
+            pending_before = supervisor._catch.pending
+            u = supervisor.step(robot.measurement(), k * config.control_period)
+            # a step solves nothing of its own: at most the plan its caller left pending
+            assert supervisor._catch.plans_solved - before == int(pending_before)
+            solved_in_step += int(pending_before)
+            if k % 10 == 0:
+                assert supervisor._catch.pending                # entered / a boundary: the next plan waits
+            if finish:
+                supervisor.finish_step()
+                assert not supervisor._catch.pending
+            torques.append(u[config.actuated_joint])
+            robot.step(u)
+        runs[finish] = torques
+        assert solved_in_step == (0 if finish else 5)             # the entry, then one per period
+    assert runs[True] == runs[False]
+
+
 def test_it_hands_over_to_the_lqr_inside_lqr_level_and_forgets_its_plan_outside_the_band():
     config = with_catch("acrobot", lqr_level=1.0)
     supervisor = build_controller(config)
     near = np.array([math.pi + 0.001, -0.001, 0.0, 0.0])    # V << rho: the LQR's 500 Hz feedback
     supervisor.step(DROPPED_BY_THE_LQR, 0.0)
-    assert supervisor._catch._plan is not None
+    assert supervisor._catch.pending                         # entered: its first plan is left to solve
     u = supervisor.step(near, 0.002)
-    assert not supervisor.catching and supervisor._catch._plan is None
+    assert not supervisor.catching and supervisor._catch._plan is None and not supervisor._catch.pending
     assert u[config.actuated_joint] == pytest.approx(-supervisor.design.K[config.actuated_joint] @ (near - GOAL))
     supervisor.step(DROPPED_BY_THE_LQR, 0.004)
     supervisor.step(np.array([0.0, 0.0, 30.0, 0.0]), 0.006)   # spinning: damping, the plan is dropped
-    assert supervisor.mode == "damping" and supervisor._catch._plan is None
+    assert supervisor.mode == "damping" and supervisor._catch._plan is None and not supervisor._catch.pending
 
 
 def test_it_catches_a_hand_over_state_the_lqr_drops():

@@ -280,15 +280,20 @@ def test_exploration_amplitude_above_the_torque_limit_is_refused():
 
 
 @pytest.mark.parametrize("catch", [False, True])
-def test_diagnostics_warn_when_a_step_outlasts_the_catch_period(catch):
-    """With the opt-in catch, a step longer than catch.period (a plan solved too slowly for its period) is a WARN;
-    without the catch the same step time is not."""
+def test_diagnostics_warn_when_a_plan_outlasts_the_catch_period(catch):
+    """With the opt-in catch, a plan (solved after its command is published) longer than catch.period is a WARN;
+    a long step is not (the plan's compute is apart from it), nor the same plan time without the catch."""
     with rig() as r:
         controller, peer = connected(r, arm_on_start=True, **{"catch.enabled": catch})
         assert controller.config.catch.enabled is catch
-        controller.step_time.add(0.025)                      # s: one step of 25 ms; catch.period is 20 ms
+        controller.step_time.add(0.025)                      # s: a 25 ms step alone warns of nothing
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and float(status_values(st)["step_compute_max_us"]) == pytest.approx(25000.0)
+                 and level(st) == OK, what="diagnostics with the long step")
+        controller.plan_time.add(0.025)                      # s: one plan of 25 ms; catch.period is 20 ms
         wait_for(lambda: (st := peer.last_status("controller")) is not None
                  and status_values(st)["catch"] == str(catch) and status_values(st)["catching"] == "False"
+                 and float(status_values(st)["plan_compute_max_us"]) == pytest.approx(25000.0)
                  and level(st) == (WARN if catch else OK), what="diagnostics with the catch's state")
         if catch:
             assert "catch.period" in peer.last_status("controller").message

@@ -89,7 +89,8 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_balance_dither(tmp_path)
 
 def test_ros_lockstep_run_equals_the_evaluator_with_the_catch(tmp_path):
     """The same with config/acrobot_catch.yaml: the catch's plans (solved one period ahead, held for their period)
-    give the same torques in the controller node as in the evaluator, step for step."""
+    give the same torques in the controller node (which solves each plan after publishing its command) as in the
+    evaluator (which solves it at its next step), step for step."""
     catching = []
     config, ros, ref = ros_and_evaluator("acrobot", "acrobot_catch.yaml", "acrobot.npz", tmp_path,
                                          lambda supervisor: catching.append(supervisor.catching))

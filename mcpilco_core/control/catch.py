@@ -15,8 +15,11 @@ Two parts, kept apart as in moteus' build/send split:
   solved one period ahead, from the state the model predicts for the period's end: when the band is entered the
   LQR holds the first period while the first plan is solved; at every period boundary after that the torque
   ``U0 + K0 (x - X0)`` (the plan's torque, corrected by its feedback gains for the prediction's error) is held for
-  the period, and the next plan is solved. So the computation never delays a command, on the robot as in the
-  simulation, where the result is the same.
+  the period, and the next plan is solved. The solve is left pending when the command is returned: the controller
+  node solves it after publishing the command (``Supervisor.finish_step``), so the command at a period boundary
+  does not wait for it, and a caller that never calls ``solve_pending`` gets it solved at the start of its next
+  step. Either way the plan is the same (it depends only on the predicted state), so the evaluator and the node
+  give the same numbers.
 """
 
 from __future__ import annotations
@@ -216,6 +219,7 @@ class CatchController:
 
     def reset(self) -> None:
         self._plan: CatchPlan | None = None     # solved for the state predicted at _plan_time
+        self._pending: tuple | None = None      # the predicted state whose plan is still to be solved
         self._plan_time = math.nan
         self._held: float | None = None         # None: the LQR holds the current period
         self.plans_solved = 0
@@ -226,22 +230,31 @@ class CatchController:
         return self._held is not None
 
     def torque(self, x_wrapped: np.ndarray, t: float, lqr_torque: float) -> float:
-        """The actuated joint's torque (N m) at time ``t`` (s) for the measured, wrapped state."""
-        if self._plan is None:              # just entered: the LQR holds this period, the first plan is solved
-            predicted = self.planner.advance_lqr(tuple(float(v) for v in x_wrapped), self.control_period)
-            self._solve(predicted)
+        """The actuated joint's torque (N m) at time ``t`` (s) for the measured, wrapped state. At a period boundary
+        the next plan is left pending (:meth:`solve_pending`), so this returns without solving it."""
+        self.solve_pending()                # the caller did not solve the last one after its command: now
+        if self._plan is None:              # just entered: the LQR holds this period, the first plan is to be solved
+            self._pending = self.planner.advance_lqr(tuple(float(v) for v in x_wrapped), self.control_period)
             self._plan_time = t + self.planner.period
             return lqr_torque
         if t >= self._plan_time - TIME_TOLERANCE:
             self._held = self._plan.torque_at_start(x_wrapped, self.planner.limit)
-            predicted = self.planner.advance(tuple(float(v) for v in x_wrapped), self._held)
-            self._solve(predicted)
+            self._pending = self.planner.advance(tuple(float(v) for v in x_wrapped), self._held)
             self._plan_time = t + self.planner.period
         return lqr_torque if self._held is None else self._held
 
-    def _solve(self, predicted: tuple) -> None:
-        """The next plan, from the state predicted for the coming period boundary (wrapped as the supervisor does)."""
-        x0 = tuple(float(v) for v in wrap_state(np.asarray(predicted)))
+    @property
+    def pending(self) -> bool:
+        """Whether a plan is waiting to be solved (the last step crossed a period boundary or entered the band)."""
+        return self._pending is not None
+
+    def solve_pending(self) -> None:
+        """Solve the plan the last :meth:`torque` left pending (nothing when none is): the controller node calls it
+        after publishing the command, so that command does not wait for the ~6 ms solve."""
+        if self._pending is None:
+            return
+        x0 = tuple(float(v) for v in wrap_state(np.asarray(self._pending)))
+        self._pending = None
         self._plan = self.planner.plan(x0, self.settings.iterations)
         self.plans_solved += 1
 

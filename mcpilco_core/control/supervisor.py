@@ -101,6 +101,18 @@ class Supervisor:
             u[1 - self._act] = self.config.friction_compensation.torque(x[3 - self._act])
         return u
 
+    @property
+    def plan_pending(self) -> bool:
+        """Whether the last step left the opt-in catch's next plan to solve (:meth:`finish_step`)."""
+        return self._catch is not None and self._catch.pending
+
+    def finish_step(self) -> None:
+        """Work that may follow the command of the last :meth:`step`: the opt-in catch's next plan (~6 ms). A real-time
+        caller publishes the command first, then calls this; a caller that does not gets the plan solved at the start
+        of the next step, with the same numbers."""
+        if self._catch is not None:
+            self._catch.solve_pending()
+
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:
         self._leave_catch()
