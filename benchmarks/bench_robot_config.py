@@ -9,6 +9,8 @@ plan's judge, and a balance on the stuck shoulder").
     python benchmarks/bench_robot_config.py runs/R2 --policy policies/acrobot.npz --config config/acrobot.yaml \
         --set roa.enter_fraction=6 --set roa.enter_fraction=4,roa.exit_fraction=8 --set damping.enabled=false \
         --seeds 1000 1001 ... 1023 --processes 2
+    python benchmarks/bench_robot_config.py --robot-profile config/design_robots/acrobot_exploration_identified.yaml \
+        --policy policies/acrobot_hardware_proxy.npz --config config/acrobot_dither.yaml --set dither.frequency=7
 
 Each ``--set`` is one variant of ``--config``: dotted keys of the robot config (as in its YAML), comma-separated,
 values read as YAML. A variant is validated as the file would be (an unknown key or a bad value is an error naming
@@ -25,6 +27,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import yaml
@@ -66,9 +69,41 @@ def variant_config(base: Path, overrides: dict[str, object], scratch: Path, inde
     return robot_config_from_mapping(with_overrides(params, overrides), scratch / f"variant_{index}.yaml", base.parent)
 
 
+class OwnModel:
+    """The judge's robot of a run: its newest model's plant and profile (``learning.protocol.on_model``)."""
+
+    def __init__(self, run: str, policy: str) -> None:
+        from mcpilco_core.learning.polish import load_source
+        from mcpilco_core.learning.protocol import on_model
+
+        self.source = load_source(run, policy)
+        self.robot, self.profile = on_model(self.source.config, self.source.model)
+        name = getattr(self.profile, "name", self.profile)
+        self.description = f"{run}'s own robot ({self.source.model_from}; profile {name})"
+
+    def setting(self, robot_config):
+        """(training config, simulated robot config, profile) for one variant."""
+        return (replace(self.source.config, robot=robot_config), replace(robot_config, plant=self.robot.plant),
+                self.profile)
+
+
+class DesignRobot:
+    """A robot profile file (e.g. config/design_robots/...: identified from counted trials) with each variant's
+    own plant."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile = profile
+        self.description = f"the robot profile {profile}"
+
+    def setting(self, robot_config):
+        return SimpleNamespace(robot=robot_config), robot_config, self.profile
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="run or session directory whose newest model is the judge's robot")
+    parser.add_argument("run", nargs="?", help="run or session directory whose newest model is the judge's robot")
+    parser.add_argument("--robot-profile", help="judge on this robot profile instead (with --config's plant), e.g. "
+                                                "a design robot identified from counted trials")
     parser.add_argument("--policy", required=True, help="policy file run in every variant")
     parser.add_argument("--config", required=True, help="robot config the variants start from")
     parser.add_argument("--set", dest="variants", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -79,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="worker processes for the seeds")
     args = parser.parse_args(argv)
 
-    from mcpilco_core.learning.polish import load_source
-    from mcpilco_core.learning.protocol import on_model, protocol_scores
+    if (args.run is None) == (args.robot_profile is None):
+        parser.error("give a run directory or --robot-profile (one of them)")
+    from mcpilco_core.learning.protocol import protocol_scores
 
-    source = load_source(args.run, args.policy)
-    model_robot, profile = on_model(source.config, source.model)
+    judge = OwnModel(args.run, args.policy) if args.run else DesignRobot(args.robot_profile)
     base = Path(args.config)
     rows = [("(as it is)", {})]
     try:
@@ -98,14 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             except (ConfigError, ValueError) as exc:
                 print(f"error: {base} with --set {label!r}: {str(exc).split(': ', 1)[-1]}", file=sys.stderr)
                 return 2
-        name = getattr(profile, "name", profile)
-        print(f"{args.policy} with {base}, judged on {args.run}'s own robot ({source.model_from}; profile {name}), "
-              f"seeds {args.seeds[0]}..{args.seeds[-1]} ({len(args.seeds)}) x {args.seconds:g} s, no robot time\n")
+        print(f"{args.policy} with {base}, judged on {judge.description}, seeds {args.seeds[0]}..{args.seeds[-1]} "
+              f"({len(args.seeds)}) x {args.seconds:g} s, no robot time\n")
         print("| variant | judged (mean fraction up) | std over seeds | wall (s) |")
         print("|---|---|---|---|")
         for (label, _), robot_config in zip(rows, configs):
-            judged_on = replace(robot_config, plant=model_robot.plant)
-            config = replace(source.config, robot=robot_config)
+            config, judged_on, profile = judge.setting(robot_config)
             start = time.perf_counter()
             scores = protocol_scores(config, args.policy, judged_on, args.seeds, args.seconds, profile,
                                      args.processes)
