@@ -34,7 +34,7 @@ from mcpilco_core.config import load_robot_config  # noqa: E402
 from mcpilco_core.control import build_controller  # noqa: E402
 from mcpilco_core.control.roa import sample_sublevel_states  # noqa: E402
 from mcpilco_core.evaluation import MODE_CODES, evaluate_seed  # noqa: E402
-from mcpilco_core.plant import DoublePendulum, wrap_angle, wrap_state  # noqa: E402
+from mcpilco_core.plant import DoublePendulum, wrap_angle  # noqa: E402
 from mcpilco_core.policy import load_policy  # noqa: E402
 from mcpilco_core.simulation import drive, load_robot_profile  # noqa: E402
 
@@ -42,7 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "acrobot_dither.yaml"
 POLICY = ROOT / "policies" / "acrobot_hardware_proxy.npz"
 DESIGN_ROBOT = ROOT / "config" / "design_robots" / "acrobot_exploration_identified.yaml"
-UPRIGHT = np.array([math.pi, 0.0, 0.0, 0.0])
 
 
 def tilts(x: np.ndarray) -> tuple[float, float]:
@@ -132,15 +131,12 @@ class WhenResting:
         return np.array([0.0, self.balance.torque(x)])
 
 
-def above_line(x: np.ndarray) -> np.ndarray:
-    """End effector above the score's 0.45 m line (model_1.1 lengths 0.2 / 0.3 m), per state."""
-    e = wrap_state(x) - UPRIGHT
-    return 0.2 * np.cos(e[:, 0]) + 0.3 * np.cos(e[:, 0] + e[:, 1]) > 0.45
-
-
 def run(controller, config, profile, x0: np.ndarray, seconds: float, index: int) -> np.ndarray:
+    """Per state of ``seconds`` on the robot ``profile`` from ``x0``: the end effector above the score's line."""
     robot = load_robot_profile(profile).robot(config, index, x0)
-    return above_line(drive(robot, controller, int(round(seconds / config.control_period))).x)
+    plant = DoublePendulum(config.plant)
+    x = drive(robot, controller, int(round(seconds / config.control_period))).x
+    return plant.end_effector_height(x) > plant.height_threshold
 
 
 def hold(config, plant, args) -> None:
