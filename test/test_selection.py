@@ -220,3 +220,28 @@ def test_protocol_ranking_orders_by_score_then_cost():
 def test_a_bad_model_protocol_is_refused(seeds, seconds):
     with pytest.raises(ValueError, match="protocol on the model"):
         ModelProtocol(seeds, seconds)
+
+
+def test_a_selection_without_export_warns_when_the_earlier_export_holds_another_trial(run, tmp_path, capsys):
+    """Why: a user who exported a choice, trained on and selected again without --export would otherwise evaluate
+    the stale file as the new choice (it happened: 0.081 evaluated for a run whose new choice scores 0.053)."""
+    out = tmp_path / "chosen.npz"
+    args = ["select", str(run), "--particles", "40", "--rank", "cost"]
+    assert cli.main(args + ["--export", str(out)]) == 0
+    report = json.loads((run / "selection.json").read_text())
+    chosen = report["selected_trial"]
+    assert report["export"] == {"path": str(out.resolve()), "trial": chosen}
+    capsys.readouterr()
+    assert cli.main(args) == 0                                   # same choice: the export still holds it
+    assert "WARNING" not in capsys.readouterr().err
+    assert json.loads((run / "selection.json").read_text())["export"] == {"path": str(out.resolve()), "trial": chosen}
+    other = next(k for k in (1, 2, 3) if k != chosen)            # the file now says another trial was exported
+    report = json.loads((run / "selection.json").read_text())
+    report["export"]["trial"] = other
+    (run / "selection.json").write_text(json.dumps(report))
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert f"still holds trial {other}" in err and f"chose trial {chosen}" in err and f"--export {out.resolve()}" in err
+    (run / "selection.json").write_text("{not json")              # a damaged record: no warning, no crash
+    assert cli.main(args) == 0
+    assert json.loads((run / "selection.json").read_text())["export"] is None

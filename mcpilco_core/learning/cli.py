@@ -44,7 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--particles", type=int, default=600)
     p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
     p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
-    p.add_argument("--export", type=Path, default=None, help="copy the selected trial's policy here")
+    p.add_argument("--export", type=Path, default=None,
+                   help="copy the selected trial's policy here (selection.json records it; a later select without "
+                        "--export warns when that file no longer holds the choice)")
     p.add_argument("--rank", choices=("protocol", "cost"), default="protocol",
                    help="rank by the protocol simulated on the model's plant (no robot time) or by the model cost")
     p.add_argument("--protocol-seconds", type=float, default=60.0, help="s of the protocol on the model per seed")
@@ -232,11 +234,30 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"robot check: {len(selection.check_scores)} x {selection.check.seconds:g} s of the protocol (seed "
               f"{selection.check.seed}, robot profile {selection.check.profile}) = {selection.robot_time:g} s of "
               "robot time, on top of the run's")
-    write_selection(selection, args.run / "selection.json")
+    export = _export_record(args.run / "selection.json")
     if args.export is not None:
         shutil.copyfile(selection.files[selection.best], args.export)
+        export = {"path": str(Path(args.export).resolve()), "trial": selection.best}
         print(f"selected trial {selection.best}: {args.export}")
+    elif export is not None and export["trial"] != selection.best and Path(export["path"]).is_file():
+        print(f"WARNING: {export['path']} still holds trial {export['trial']}, an earlier selection's choice; this one "
+              f"chose trial {selection.best}: pass --export {export['path']} to replace it", file=sys.stderr)
+    write_selection(selection, args.run / "selection.json", export)
     return 0
+
+
+def _export_record(path: Path) -> dict | None:
+    """The policy file an earlier ``select --export`` wrote and the trial it holds (selection.json's ``export``), so
+    that a later selection without --export says when that file no longer holds the choice. None when unknown."""
+    import json
+
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")).get("export")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(record, dict) and isinstance(record.get("path"), str) and isinstance(record.get("trial"), int):
+        return {"path": record["path"], "trial": record["trial"]}
+    return None
 
 
 def _run_polish(args: argparse.Namespace) -> int:

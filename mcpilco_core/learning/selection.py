@@ -347,5 +347,6 @@ def choose_learner_robot(model: DynamicsModel, config, protocol: ModelProtocol |
             raise ValueError("the run's trials hold too few usable state-rate windows to identify the robot")
 
 
-def write_selection(selection: Selection, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(selection.to_dict(), indent=2) + "\n", encoding="utf-8")
+def write_selection(selection: Selection, path: str | Path, export: dict | None = None) -> None:
+    """selection.json; ``export``: the file the choice was last copied to and its trial (``select --export``)."""
+    Path(path).write_text(json.dumps({**selection.to_dict(), "export": export}, indent=2) + "\n", encoding="utf-8")
