@@ -378,8 +378,9 @@ class RobotProfile:
 
     @property
     def label(self) -> str:
-        """The name, with the seed when it matters (``perturbed:3``)."""
-        return f"{self.name}:{self.seed}" if self.perturbation and self.seed else self.name
+        """The name, with the seed whenever it picks the robot (``perturbed:0``, ``perturbed:3``): a result file says
+        which perturbed robot it ran on, seed 0 included."""
+        return f"{self.name}:{self.seed}" if self.perturbation else self.name
 
     def imperfections(self, config: RobotConfig) -> Imperfections:
         """Sensors and motors for ``config``'s robot (torque noise placed on its actuated/passive joint)."""

@@ -136,6 +136,8 @@ def test_shipped_profiles(pendubot_config, acrobot_config):
             ours, nominal_value = np.atleast_1d(getattr(params, key)), np.atleast_1d(getattr(base, key))
             assert np.all(np.abs(ours / nominal_value - 1.0) <= 0.1) and np.all(ours != nominal_value), key
     assert load_robot_profile("perturbed:1").label == "perturbed:1"
+    assert load_robot_profile("perturbed").label == load_robot_profile("perturbed:0").label == "perturbed:0"
+    assert load_robot_profile("hardware_proxy").label == "hardware_proxy"
 
 
 def test_from_profile_seeds_the_noise(pendubot_config):
