@@ -39,6 +39,9 @@ import torch
 from scipy.linalg import expm, solve_discrete_are
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_stuck_balance import run as above_line  # noqa: E402
 
 from mcpilco_core.config import load_plant_parameters, load_robot_config  # noqa: E402
 from mcpilco_core.control import build_controller  # noqa: E402
@@ -51,7 +54,6 @@ from mcpilco_core.learning.polish import load_source  # noqa: E402
 from mcpilco_core.learning.torch_policy import TorchPolicy  # noqa: E402
 from mcpilco_core.plant import GOAL, DoublePendulum, wrap_state  # noqa: E402
 from mcpilco_core.policy import load_policy  # noqa: E402
-from mcpilco_core.simulation import drive, load_robot_profile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DITHER = ROOT / "config" / "acrobot_dither.yaml"
@@ -61,15 +63,11 @@ DESIGN_PLANT = ("identified_acrobot_exploration_identified", ROOT / "config" / "
 BAND = 8.0          # rho: the band the balance policy's particles start in (acrobot_dither.yaml's enter_fraction)
 
 
-def caught(controller, config, profile: str, x0: np.ndarray, index: int) -> bool:
-    """6 s from ``x0`` on ``profile``: above the score's line for the last 2 s."""
-    plant = DoublePendulum(config.plant)
-    x = drive(load_robot_profile(profile).robot(config, index, x0), controller, 3000).x
-    return bool((plant.end_effector_height(x) > plant.height_threshold)[-1000:].all())
-
-
 def catch_rate(make, config, profile: str, starts: np.ndarray) -> float:
-    return float(np.mean([caught(make(), config, profile, x0, i) for i, x0 in enumerate(starts)]))
+    """The share of ``starts`` from which ``make()``'s controller keeps the end effector above the score's line for
+    the last 2 s of 6 s on ``profile`` (bench_stuck_balance.py's catch test)."""
+    return float(np.mean([above_line(make(), config, profile, x0, 6.0, i)[-1000:].all()
+                          for i, x0 in enumerate(starts)]))
 
 
 def starts_at(design, rho: float, level: float, samples: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -249,8 +250,6 @@ def _run_select(args: argparse.Namespace) -> int:
 def _export_record(path: Path) -> dict | None:
     """The policy file an earlier ``select --export`` wrote and the trial it holds (selection.json's ``export``), so
     that a later selection without --export says when that file no longer holds the choice. None when unknown."""
-    import json
-
     try:
         record = json.loads(path.read_text(encoding="utf-8")).get("export")
     except (OSError, ValueError, AttributeError):
