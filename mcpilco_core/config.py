@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -494,6 +494,32 @@ class CatchConfig:
                                low=0.0, high=100.0)
 
 
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Opt-in: several swing-up policies, the one to run chosen by simulating each, through the supervisor, on the
+    config's plant, and keeping the one that stays above the score's line longest (control/selection.py says why and
+    how). Off by default (``bank: ''``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must
+    leave the computer time for (1 + candidates x horizon / control_period) simulated steps. Units: s.
+    """
+
+    bank: str = setting("directory of the other candidate policies (its *.npz files, by name; relative to the robot "
+                        "file); the loaded policy is candidate 0; '' = off", "")
+    horizon: float = setting("s, how long each candidate is simulated", 2.5, positive=True, high=60.0)
+    interval: float = setting("s between decisions while a policy is in charge (and one whenever the states resume "
+                              "after a gap)", 0.5, positive=True, high=3600.0)
+    lead: float = setting("s, a decision is made for the state predicted this far ahead and applied then; its "
+                          "computation is spread over it", 0.04, positive=True, high=10.0)
+    margin: float = setting("s above the line a candidate must gain over the running one to replace it", 0.02,
+                            low=0.0, high=60.0)
+    step: float = setting("s, the simulations' RK4 step, at which their supervisor runs too (a whole number of "
+                          "control periods that divides lead and policy_period: longer = less computation, a "
+                          "coarser prediction)", 0.002, positive=True, high=0.1)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bank)
+
+
 PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
 
 
@@ -565,6 +591,7 @@ class RobotConfig(RobotJoints):
     friction_compensation: FrictionCompensationConfig = section(FrictionCompensationConfig)
     dither: BalanceDitherConfig = section(BalanceDitherConfig)
     catch: CatchConfig = section(CatchConfig)
+    selection: SelectionConfig = section(SelectionConfig)
     source: str | None = None
 
     @property
@@ -587,6 +614,8 @@ class RobotConfig(RobotJoints):
             data.pop("dither")
         if not self.catch.enabled:                      # off: likewise
             data.pop("catch")
+        if not self.selection.enabled:                  # off: likewise
+            data.pop("selection")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -649,10 +678,12 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                                       f"{values['torque_limit']} N m")
     roa = _roa_config(reader.sub("roa"))
     catch = _catch_config(reader, values["control_period"], roa)
+    selection = _selection_config(reader, values["control_period"], values["policy_period"], catch, base_dir)
     return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=roa,
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
-                       dither=dither, catch=catch, source=str(source) if source is not None else None, **values)
+                       dither=dither, catch=catch, selection=selection,
+                       source=str(source) if source is not None else None, **values)
 
 
 def whole_periods(period: float, control_period: float) -> bool:
@@ -674,6 +705,32 @@ def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -
         raise ConfigError(source, "catch.lqr_level", f"{catch.lqr_level} exceeds roa.exit_fraction "
                                                      f"({roa.exit_fraction}): the plan would never act")
     return catch
+
+
+def _selection_config(reader: ConfigReader, control_period: float, policy_period: float, catch: CatchConfig,
+                      base_dir: str | Path | None) -> SelectionConfig:
+    selection = _section(reader, "selection", SelectionConfig)
+    source = reader.source
+    if not whole_periods(selection.lead, control_period):
+        raise ConfigError(source, "selection.lead", f"{selection.lead} s is not a whole number of control periods "
+                                                    f"({control_period} s)")
+    for name, period in (("lead", selection.lead), ("policy_period", policy_period)):
+        if not whole_periods(period, selection.step):
+            raise ConfigError(source, "selection.step", f"{selection.step} s does not divide {name} ({period} s)")
+    if not whole_periods(selection.step, control_period):
+        raise ConfigError(source, "selection.step", f"{selection.step} s is not a whole number of control periods "
+                                                    f"({control_period} s)")
+    if not selection.enabled:
+        return selection
+    if catch.enabled:
+        raise ConfigError(source, "selection.bank", "the selection does not run with the catch plan (catch.enabled): "
+                                                    "its simulations would have to solve the plans too")
+    bank = Path(selection.bank)
+    if not bank.is_absolute():
+        bank = Path(base_dir or ".") / bank
+    if not bank.is_dir():
+        raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
+    return replace(selection, bank=str(bank.resolve()))
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

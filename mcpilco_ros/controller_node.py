@@ -121,7 +121,8 @@ class ControllerNode(ConfiguredNode):
         self.states_received = 0
         self.commands_published = 0
         self.step_time = RingStats()        # s, Supervisor.step compute time
-        self.plan_time = RingStats()        # s, Supervisor.finish_step (the opt-in catch's plan, after the command)
+        self.plan_time = RingStats()        # s, Supervisor.finish_step (the opt-in catch's plan or the selection's
+                                            # share of a decision, after the command)
         self.state_period = RingStats()     # s, receipt interval of valid states
         self._last_stamp_ns: int | None = None
         self._base_ns: int | None = None    # stamp that maps to t = 0 for the supervisor
@@ -315,7 +316,7 @@ class ControllerNode(ConfiguredNode):
         self._last_mode = mode
         self.command_pub.publish(command_message(u, msg.header.stamp, self._last_mode))
         self.commands_published += 1
-        if self.supervisor.plan_pending:    # the opt-in catch's next plan, solved after the command is out
+        if self.supervisor.plan_pending:    # the opt-in catch's next plan, or the selection's share, after the command
             start = time.perf_counter()
             self.supervisor.finish_step()
             self.plan_time.add(time.perf_counter() - start)
@@ -351,10 +352,18 @@ class ControllerNode(ConfiguredNode):
         if level == OK and catch.enabled and plan["max"] > catch.period * 1e6:   # a plan overran its period
             level, message = WARN, (f"a catch plan took {plan['max'] / 1e3:.1f} ms, longer than catch.period "
                                     f"({catch.period * 1e3:g} ms): the catch's plans are late on this computer")
+        selection = self.supervisor.selection
+        period_us = self.config.control_period * 1e6
+        if level == OK and selection is not None and plan["max"] > period_us:   # a decision's share overran a step
+            level, message = WARN, (f"a share of a policy selection's decision took {plan['max'] / 1e3:.1f} ms, longer "
+                                    f"than the control period ({period_us / 1e3:g} ms): raise selection.lead or "
+                                    f"selection.step, or shorten selection.horizon, for this computer")
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
                   "friction_compensation": self.config.friction_compensation.enabled,
                   "catch": catch.enabled, "catching": self.supervisor.catching,
+                  "selection": selection is not None, "selected_candidate": self.supervisor.selected,
+                  "selection_decisions": selection.decisions if selection is not None else 0,
                   "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
                   "rho": self.supervisor.rho, "states_received": self.states_received,
                   "commands_published": self.commands_published,

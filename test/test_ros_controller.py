@@ -297,3 +297,23 @@ def test_diagnostics_warn_when_a_plan_outlasts_the_catch_period(catch):
                  and level(st) == (WARN if catch else OK), what="diagnostics with the catch's state")
         if catch:
             assert "catch.period" in peer.last_status("controller").message
+
+
+@pytest.mark.parametrize("selection", [False, True])
+def test_diagnostics_warn_when_a_share_of_a_selection_outlasts_the_control_period(selection, tmp_path):
+    """With the opt-in policy selection, a share of a decision's work (done after the command is published) longer
+    than the control period is a WARN that says what to change; the same time without the selection is not."""
+    overrides = {}
+    if selection:
+        save_policy(random_policy(3), tmp_path / "candidate.npz")
+        overrides["selection.bank"] = str(tmp_path)
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, **overrides)
+        assert (controller.supervisor.selection is not None) is selection
+        controller.plan_time.add(0.005)                      # s: 5 ms, the control period is 2 ms
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["selection"] == str(selection)
+                 and status_values(st)["selected_candidate"] == "0"
+                 and level(st) == (WARN if selection else OK), what="diagnostics with the selection's state")
+        if selection:
+            assert "selection.lead" in peer.last_status("controller").message

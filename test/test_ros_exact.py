@@ -97,3 +97,15 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_catch(tmp_path):
     assert config.catch.enabled and sum(catching) >= 100      # steps whose torque came from a plan
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_policy_selection(tmp_path):
+    """The same with config/acrobot_select.yaml: the selection's decisions (each spread over its lead in the controller
+    node, which does a share after publishing each command; computed when due in the evaluator) pick the same
+    policies at the same steps, so the runs are equal step for step."""
+    selected = []
+    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_select.yaml", "acrobot.npz", tmp_path,
+                                         lambda supervisor: selected.append(supervisor.selected))
+    assert config.selection.enabled and len(set(selected)) >= 2       # another candidate than the loaded one ran
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import RobotConfig, load_robot_config
+from ..config import ConfigError, RobotConfig, load_robot_config
 from ..plant import DoublePendulum
 from ..policy import SumOfGaussiansPolicy, check_period, load_policy
 from .lqr import LqrDesign, design_lqr
@@ -16,7 +16,7 @@ from .roa import RoaEstimate, region_of_attraction
 from .supervisor import MODES, Supervisor
 
 __all__ = ["LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "design_lqr",
-           "load_controller", "region_of_attraction"]
+           "load_bank", "load_controller", "region_of_attraction"]
 
 
 def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None,
@@ -29,7 +29,27 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
         raise ValueError(f"policy is for the {policy.robot}, the configuration for the {config.robot}")
     if isinstance(policy, SumOfGaussiansPolicy):
         check_period(policy, config.policy_period)  # PolicyError: it would run at another rate than it was made for
-    return Supervisor(config, design, roa.rho, policy)
+    return Supervisor(config, design, roa.rho, policy, load_bank(config, policy))
+
+
+def load_bank(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None) -> list[SumOfGaussiansPolicy]:
+    """The opt-in selection's other candidates: the bank directory's ``*.npz`` files by name, each validated for this
+    robot, its torque limit and its policy period, less any with the same parameters as ``policy`` or an earlier one
+    ([] when the selection is off). PolicyError names a bad file; ConfigError an empty bank."""
+    if not config.selection.enabled:
+        return []
+    files = sorted(Path(config.selection.bank).glob("*.npz"))
+    if not files:
+        raise ConfigError(config.source, "selection.bank", f"no *.npz policy in {config.selection.bank}")
+    seen = {policy.version()} if isinstance(policy, SumOfGaussiansPolicy) else set()
+    bank = []
+    for path in files:
+        candidate = load_policy(path, robot=config.robot, torque_limit=config.torque_limit,
+                                policy_period=config.policy_period)
+        if candidate.version() not in seen:
+            seen.add(candidate.version())
+            bank.append(candidate)
+    return bank
 
 
 def load_controller(config_path: str | Path, policy_path: str | Path | None = None) -> Supervisor:

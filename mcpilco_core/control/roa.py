@@ -27,7 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import BalanceDitherConfig, CatchConfig, FrictionCompensationConfig, RoaConfig, RobotConfig
+from ..config import (
+    BalanceDitherConfig,
+    CatchConfig,
+    FrictionCompensationConfig,
+    RoaConfig,
+    RobotConfig,
+    SelectionConfig,
+)
 from ..plant import DoublePendulum, wrap_state
 from .lqr import LqrDesign
 
@@ -105,14 +112,14 @@ def estimate_roa(plant: DoublePendulum, design: LqrDesign, torque_limit: float, 
 
 def _cache_key(config: RobotConfig) -> str:
     """Fingerprint of the config without what does not change rho: the switching fractions, the policy bound, the
-    passive-joint friction compensation, the balance dither and the catch (the estimate simulates the LQR alone on
-    the config's plant)."""
+    passive-joint friction compensation, the balance dither, the catch and the policy selection (the estimate simulates
+    the LQR alone on the config's plant)."""
     from dataclasses import replace
 
     neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction)
     return replace(config, roa=neutral, u_max=RobotConfig.u_max,
                    friction_compensation=FrictionCompensationConfig(), dither=BalanceDitherConfig(),
-                   catch=CatchConfig()).fingerprint()
+                   catch=CatchConfig(), selection=SelectionConfig()).fingerprint()
 
 
 def cache_paths(config: RobotConfig) -> list[Path]:

@@ -10,7 +10,9 @@ Priority, evaluated at every state (500 Hz):
                  the moment the LQR took over) that keeps a passive joint with Coulomb friction sliding, and its
                  opt-in ``catch``: above V = catch.lqr_level * rho a receding-horizon plan (control/catch.py)
                  acts in place of the LQR (the mode stays ``lqr``; ``catching`` says which acts).
-4. ``policy``  - the swing-up policy, evaluated at its own period and held in between (zero-order hold).
+4. ``policy``  - the swing-up policy, evaluated at its own period and held in between (zero-order hold); with
+                 the robot config's opt-in ``selection``, one of several (the loaded one and a bank), chosen by
+                 simulating each on the config's plant (control/selection.py).
 5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
 
 x~ is the state with multi-turn angles wrapped (q1 around pi, q2 around 0); the policy sees sin/cos only.
@@ -22,14 +24,16 @@ passive joint's own motor cancels that joint's friction (bounded by its limit, <
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from ..config import RobotConfig
+from ..config import RobotConfig, SelectionConfig
 from ..plant import DoublePendulum, wrap_state
 from .catch import build_catch
 from .lqr import LqrDesign
+from .selection import PolicySelection
 
 MODES = ("policy", "lqr", "damping", "safe", "idle")
 POLICY_TICK_TOLERANCE = 1e-9  # s: float slack when comparing times on the policy's grid
@@ -44,15 +48,21 @@ class Supervisor:
     and returns the torques (N m) for (shoulder, elbow).
     """
 
-    def __init__(self, config: RobotConfig, design: LqrDesign, rho: float, policy: Policy | None = None) -> None:
+    def __init__(self, config: RobotConfig, design: LqrDesign, rho: float, policy: Policy | None = None,
+                 bank: Sequence[Policy] = ()) -> None:
         self.config = config
         self.design = design
         self.rho = float(rho)
-        self._policy = policy
         self._act = config.actuated_joint
         self._limit = config.torque_limit
         self._k_row = design.K[self._act].copy()
         self._catch = build_catch(DoublePendulum(config.plant), design, config)
+        self._candidates: list[Policy | None] = [policy, *bank]
+        self._selection = None
+        if config.selection.enabled:
+            shadow = Supervisor(replace(config, selection=SelectionConfig()), design, rho)
+            self._selection = PolicySelection(shadow, DoublePendulum(config.plant), config.selection,
+                                              config.control_period, config.torque_limits)
         self.reset()
 
     # ---------------------------------------------------------------- public API
@@ -68,23 +78,58 @@ class Supervisor:
 
     @property
     def policy(self) -> Policy | None:
-        return self._policy
+        """The loaded swing-up policy (with the opt-in selection: candidate 0, whichever one runs)."""
+        return self._candidates[0]
+
+    @property
+    def selected(self) -> int:
+        """Index of the running candidate: 0 = the loaded policy, 1... = the selection's bank, in its order."""
+        return self._selected
+
+    @property
+    def selection(self) -> PolicySelection | None:
+        """The opt-in policy selection (None when off), for its counters."""
+        return self._selection
 
     def set_policy(self, policy: Policy | None) -> None:
-        """Swap the swing-up policy (takes effect at the next step; the held output is dropped)."""
+        """Swap the loaded swing-up policy (takes effect at the next step; the held output is dropped; with the
+        opt-in selection it becomes candidate 0 and runs, and a pending decision is dropped)."""
+        self._candidates[0] = policy
+        self._select_candidate(0)
+        if self._selection is not None:
+            self._selection.cancel()
+
+    def use_policy(self, policy: Policy | None) -> None:
+        """Run ``policy`` from the next step on (its 20 ms grid restarts); the candidates stay as they are."""
         self._policy = policy
         self._next_policy_time = -math.inf
 
     def reset(self) -> None:
-        """Forget all internal state (hysteresis flags, the held policy output)."""
+        """Forget all internal state (hysteresis flags, the held policy output, the selection's choice)."""
         self._mode = "idle"
         self._damping = False
         self._in_lqr = False
         self._held_u = 0.0
-        self._next_policy_time = -math.inf
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
+        self._last_t = -math.inf
+        self._select_candidate(0)
+        if self._selection is not None:
+            self._selection.reset()
         self._leave_catch()
+
+    def capture_state(self) -> tuple:
+        """What the next step depends on (the opt-in catch's plans aside), for :meth:`restore_state`."""
+        return (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
+                self._policy)
+
+    def restore_state(self, state: tuple) -> None:
+        (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
+         self._policy) = state
+
+    def _select_candidate(self, index: int) -> None:
+        self._selected = index
+        self.use_policy(self._candidates[index])
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
         """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
@@ -93,6 +138,8 @@ class Supervisor:
         if x.shape != (4,) or not np.isfinite(x).all() or not math.isfinite(t):
             self._enter_safe()
             return u
+        if self._selection is not None:
+            self._select(x, float(t))
         u_act = self._actuated_torque(x, float(t))
         u[self._act] = min(max(u_act, -self._limit), self._limit) if math.isfinite(u_act) else 0.0
         if not math.isfinite(u_act):
@@ -103,15 +150,34 @@ class Supervisor:
 
     @property
     def plan_pending(self) -> bool:
-        """Whether the last step left the opt-in catch's next plan to solve (:meth:`finish_step`)."""
-        return self._catch is not None and self._catch.pending
+        """Whether the last step left work for :meth:`finish_step`: the opt-in catch's next plan, or a share of the
+        opt-in selection's pending decision."""
+        return ((self._catch is not None and self._catch.pending)
+                or (self._selection is not None and self._selection.pending))
 
     def finish_step(self) -> None:
-        """Work that may follow the command of the last :meth:`step`: the opt-in catch's next plan (~6 ms). A real-time
-        caller publishes the command first, then calls this; a caller that does not gets the plan solved at the start
-        of the next step, with the same numbers."""
+        """Work that may follow the command of the last :meth:`step`: the opt-in catch's next plan (~6 ms), the opt-in
+        selection's share of its decision. A real-time caller publishes the command first, then calls this; a caller
+        that does not gets the same work done when it is due, with the same numbers."""
         if self._catch is not None:
             self._catch.solve_pending()
+        if self._selection is not None:
+            self._selection.advance()
+
+    def _select(self, x: np.ndarray, t: float) -> None:
+        """The opt-in selection (control/selection.py): apply a decision that is due, start one when it is time."""
+        selection = self._selection
+        resumed = not (0.0 < t - self._last_t <= 1.5 * self.config.control_period)   # first state, or after a gap
+        self._last_t = t
+        if resumed:                      # as after a reset (the ROS node resets after a gap): the loaded policy
+            selection.cancel()
+            self._select_candidate(0)
+        if selection.pending and t >= selection.due - POLICY_TICK_TOLERANCE:
+            self._select_candidate(selection.finish())
+        if (not selection.pending and len(self._candidates) > 1 and self._candidates[0] is not None
+                and (resumed or (self._mode == "policy" and t - selection.decided_at >= selection.settings.interval
+                                 - POLICY_TICK_TOLERANCE))):
+            selection.start(self.capture_state(), x, t, self._candidates, self._selected)
 
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:

@@ -1,0 +1,102 @@
+"""The opt-in policy selection (robot config section ``selection``): its score and what it costs each control step.
+
+    python benchmarks/bench_policy_selection.py --robot acrobot --config config/acrobot_select.yaml \
+        --controller policies/acrobot.npz --seeds 1000 1001 [--set selection.step=0.01,selection.lead=0.1 ...]
+
+For the config as it is and for each ``--set`` variant (comma-separated ``section.key=value``, validated as the file
+would be), the protocol on each seed with the controller stepped as the ROS controller node steps it: ``step`` for
+the command, then ``finish_step`` (a decision's share of work) after it. Prints the mean score, the decisions and
+switches per run, and the computing time per control step of ``step + finish_step`` on this machine (median, 99th
+percentile, maximum), against the control period every step must fit in; the candidates' simulations (a decision's
+work) are spread evenly over its lead, so the maximum is what a decision costs a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mcpilco_core.config import load_robot_config, robot_config_from_mapping  # noqa: E402
+from mcpilco_core.control import build_controller  # noqa: E402
+from mcpilco_core.evaluation import evaluate_seed  # noqa: E402
+from mcpilco_core.policy import load_policy  # noqa: E402
+
+
+class Timed:
+    """The supervisor stepped as the controller node steps it, each control step's computing time kept (s)."""
+
+    def __init__(self, supervisor) -> None:
+        self.supervisor = supervisor
+        self.times: list[float] = []
+        self.switches = 0
+
+    @property
+    def mode(self) -> str:
+        return self.supervisor.mode
+
+    def reset(self) -> None:
+        self.supervisor.reset()
+
+    def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        start = time.perf_counter()
+        before = self.supervisor.selected
+        u = self.supervisor.step(x, t)
+        self.switches += self.supervisor.selected != before
+        if self.supervisor.plan_pending:
+            self.supervisor.finish_step()
+        self.times.append(time.perf_counter() - start)
+        return u
+
+
+def variant(path: Path, assignments: str):
+    """The robot config of ``path`` with ``assignments`` (``a.b=v,...``) applied, validated as the file would be."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    params = data["/**"]["ros__parameters"]
+    for item in filter(None, assignments.split(",")):
+        key, value = item.split("=", 1)
+        *parents, leaf = key.strip().split(".")
+        node = params
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    return robot_config_from_mapping(params, path, path.parent)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--robot", default="acrobot")
+    parser.add_argument("--config", type=Path, default=Path("config/acrobot_select.yaml"))
+    parser.add_argument("--controller", type=Path, default=Path("policies/acrobot.npz"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001])
+    parser.add_argument("--set", dest="variants", action="append", default=[],
+                        help="a variant of the config: section.key=value[,section.key=value...] (repeatable)")
+    args = parser.parse_args()
+    print("| config | score | decisions / switches per run | step + finish_step per control step: median / "
+          "99th percentile / max (ms) |")
+    print("|---|---|---|---|")
+    for assignments in ["", *args.variants]:
+        config = variant(args.config, assignments) if assignments else load_robot_config(args.config)
+        policy = load_policy(args.controller, robot=args.robot, torque_limit=config.torque_limit)
+        scores, decisions, switches, times = [], [], [], []
+        for seed in args.seeds:
+            timed = Timed(build_controller(config, policy))
+            scores.append(evaluate_seed(timed, config, seed, keep_trajectory=False).score)
+            selection = timed.supervisor.selection
+            decisions.append(selection.decisions if selection is not None else 0)
+            switches.append(timed.switches)
+            times.extend(timed.times)
+        ms = np.asarray(times) * 1e3
+        print(f"| {assignments or args.config} | {np.mean(scores):.4f} | {np.mean(decisions):.0f} / "
+              f"{np.mean(switches):.0f} | {np.median(ms):.3f} / {np.percentile(ms, 99):.2f} / {ms.max():.2f} "
+              f"(period {config.control_period * 1e3:g}) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

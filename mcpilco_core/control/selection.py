@@ -1,0 +1,136 @@
+"""Choosing among several swing-up policies by simulating each on the robot config's plant (opt-in).
+
+Why: policies learnt from the same trials fail on different states. On the acrobot, whose recoveries are caught on
+their first arrival at the top only 6 % of the time (docs/learner.md, "Where the acrobot's second now goes"), the
+shipped policy and its polished relatives (all from the same 64 s of robot time) each keep the pendulum above the
+score's line longest after a different share of the disturbances. A controller can pick among them before the fact
+when it has a model: run each candidate, through this supervisor (LQR, band, damping), on the robot config's own
+plant -- never the simulated robot's -- and keep the one that stays above the line longest. This is "a separate
+policy per regime" with the regimes drawn by the model, not by hand; the policies themselves stay MC-PILCO's.
+
+How: a decision starts while a policy is in charge, every ``interval`` s, and whenever the states resume after a
+gap (the robot was away: a disturbance window the controller does not see; the loaded policy then runs until the
+decision is due, as after the ROS node's reset). From the measured state, the running
+policy is simulated ``lead`` s ahead; from that predicted state each candidate is simulated ``horizon`` s with the
+supervisor's own logic, counting the time above the line; the best one takes over at the predicted time if it
+beats the running one by more than ``margin`` s (otherwise the running one goes on; either way the policy's
+20 ms grid restarts then). The work is spread evenly over the ``lead`` s: ``advance`` does a fixed share after
+each command, so a decision costs every control step the same and is always ready on time. A caller that never
+calls ``advance`` (the evaluator) gets the rest computed when the decision is due: the same numbers.
+
+Units: s, rad, rad/s, N m.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..plant import DoublePendulum
+
+Policy = Callable[[np.ndarray], float]
+TIME_TOLERANCE = 1e-9   # s
+
+
+def _clip(value: float, limit: float) -> float:
+    return min(max(value, -limit), limit)
+
+
+class PolicySelection:
+    """The decision machinery (module docstring). ``shadow`` is a supervisor of the same config without a selection;
+    it is stepped on the model and never touches the robot. Candidates are indexed as the supervisor gives them."""
+
+    def __init__(self, shadow, plant: DoublePendulum, settings, control_period: float,
+                 torque_limits: tuple[float, float]) -> None:
+        self.shadow = shadow
+        self.plant = plant
+        self.settings = settings
+        self.dt = float(settings.step)                                   # s, the simulations' step
+        self.limits = (float(torque_limits[0]), float(torque_limits[1]))
+        self.lead_periods = max(1, int(round(settings.lead / control_period)))   # control steps until due
+        self.lead_steps = max(1, int(round(settings.lead / self.dt)))
+        self.horizon_steps = max(1, int(round(settings.horizon / self.dt)))
+        self._lengths = (float(plant.params.l[0]), float(plant.params.l[1]))
+        self._line = float(plant.height_threshold)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cancel()
+        self.decided_at = -math.inf      # s, when the last decision started
+        self.decisions = 0
+        self.last_values: list[float] = []   # s above the line, per candidate, of the last decision
+
+    # ---------------------------------------------------------------- the decision's life
+    @property
+    def pending(self) -> bool:
+        return self._work is not None
+
+    @property
+    def due(self) -> float:
+        return self._due
+
+    def cancel(self) -> None:
+        self._work: Iterator[None] | None = None
+        self._due = math.inf
+        self._choice: int | None = None
+
+    def start(self, state: tuple, x: np.ndarray, t: float, candidates: Sequence[Policy], running: int) -> None:
+        """Begin a decision for the state measured at ``t`` (the live supervisor's ``state`` before this step)."""
+        self.decided_at = t
+        self.decisions += 1
+        self._due = t + self.lead_steps * self.dt
+        self._choice = None
+        total = self.lead_steps + len(candidates) * self.horizon_steps
+        self._chunk = -(-total // self.lead_periods)    # steps of simulation per advance: done within the lead
+        self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), running)
+
+    def advance(self) -> None:
+        """Do this control step's share of the pending decision (after the command went out)."""
+        if self._work is None or self._choice is not None:
+            return
+        for _ in range(self._chunk):
+            if next(self._work, StopIteration) is StopIteration:
+                return
+
+    def finish(self) -> int:
+        """The decision's choice (index), computing whatever is left; the decision is then over."""
+        while self._choice is None:
+            if next(self._work, StopIteration) is StopIteration:
+                break
+        choice = self._choice
+        self.cancel()
+        return choice
+
+    # ---------------------------------------------------------------- the simulations
+    def _decide(self, state: tuple, x: tuple, t: float, candidates: list, running: int) -> Iterator[None]:
+        shadow = self.shadow
+        shadow.restore_state(state)
+        end: list = [x]
+        yield from self._rollout(x, t, self.lead_steps, end, [0])
+        x_due, t_due, state_due = end[0], t + self.lead_steps * self.dt, shadow.capture_state()
+        values = []
+        for policy in candidates:
+            shadow.restore_state(state_due)
+            shadow.use_policy(policy)
+            up = [0]
+            yield from self._rollout(x_due, t_due, self.horizon_steps, [x_due], up)
+            values.append(up[0] * self.dt)
+        self.last_values = values
+        best = int(np.argmax(values))
+        self._choice = best if values[best] > values[running] + self.settings.margin else running
+
+    def _rollout(self, x: tuple, t: float, steps: int, end: list, up: list) -> Iterator[None]:
+        """``steps`` control periods of the shadow on the model from ``x`` at ``t``; the last state goes to
+        ``end[0]``, the number of states above the line is added to ``up[0]``."""
+        shadow, plant, dt = self.shadow, self.plant, self.dt
+        l1, l2 = self._lengths
+        lim0, lim1 = self.limits
+        for k in range(steps):
+            u = shadow.step(np.array(x), t + k * dt)
+            x = plant.rk4_step_scalar(x, (_clip(float(u[0]), lim0), _clip(float(u[1]), lim1)), dt)
+            if -l1 * math.cos(x[0]) - l2 * math.cos(x[0] + x[1]) > self._line:
+                up[0] += 1
+            yield
+        end[0] = x

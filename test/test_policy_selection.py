@@ -1,0 +1,164 @@
+"""The opt-in policy selection (robot config section ``selection``, control/selection.py): off unless a bank is named,
+bad settings named by field, the running policy replaced by the candidate that stays above the line longest on the
+config's plant, at the decision's due time and not before, the same numbers whether or not the caller spreads the
+work over its steps, and the passive joint still at exactly 0 N m."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from test_friction_compensation import robot_file
+
+from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_config
+from mcpilco_core.control import build_controller, load_bank
+from mcpilco_core.control.roa import _cache_key
+from mcpilco_core.plant import DoublePendulum
+from mcpilco_core.policy import load_policy, save_policy
+from mcpilco_core.simulation import drive, load_robot_profile
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "policies" / "acrobot.npz"
+
+
+def limp(path: Path) -> Path:
+    """The shipped acrobot policy with every weight 0: it never moves the elbow, so it never swings up."""
+    policy = load_policy(SHIPPED)
+    save_policy(dataclasses.replace(policy, weights=np.zeros_like(policy.weights)), path)
+    return path
+
+
+def selecting(tmp_path: Path, **settings) -> Path:
+    """The shipped acrobot config with a selection whose bank holds the shipped policy."""
+    bank = tmp_path / "bank"
+    bank.mkdir(exist_ok=True)
+    shutil.copy(SHIPPED, bank / "shipped.npz")
+    return robot_file(tmp_path, "acrobot", "selection", bank=str(bank), **settings)
+
+
+def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
+    shipped = load_robot_config(REPO / "config" / "acrobot.yaml")
+    assert not shipped.selection.enabled and load_bank(shipped) == []
+    assert build_controller(shipped).selection is None
+    off = load_robot_config(robot_file(tmp_path, "acrobot", "selection", horizon=1.0))
+    assert off.fingerprint() == shipped.fingerprint()
+    on = load_robot_config(selecting(tmp_path))
+    assert on.selection.enabled and on.fingerprint() != shipped.fingerprint()
+    assert _cache_key(on) == _cache_key(shipped)          # rho is the LQR's alone: the cached estimate stays valid
+    shipped_select = load_robot_config(REPO / "config" / "acrobot_select.yaml")
+    assert shipped_select.selection.enabled and len(load_bank(shipped_select, load_policy(SHIPPED))) == 7
+
+
+@pytest.mark.parametrize("values, field, words", [
+    ({"bank": "no/such/dir"}, "selection.bank", "no such directory"),
+    ({"lead": 0.003}, "selection.lead", "whole number of control periods"),
+    ({"step": 0.003}, "selection.step", "does not divide"),
+    ({"step": 0.04, "lead": 0.04}, "selection.step", "does not divide policy_period"),
+    ({"horizon": 0.0}, "selection.horizon", "must be positive"),
+    ({"margin": -1.0}, "selection.margin", "must be non-negative"),
+    ({"candidates": 3}, "selection", "candidates")])
+def test_bad_settings_name_their_field(tmp_path, values, field, words):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
+        load_robot_config(robot_file(tmp_path, "acrobot", "selection", **values))
+    assert words in str(info.value)
+
+
+def test_it_refuses_the_catch_plan_and_an_empty_bank(tmp_path):
+    path = selecting(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["/**"]["ros__parameters"]["catch"] = {"enabled": True}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"selection\.bank") as info:
+        load_robot_config(path)
+    assert "catch" in str(info.value)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config = load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=str(empty)))
+    with pytest.raises(ConfigError, match="no \\*.npz policy"):
+        build_controller(config, load_policy(SHIPPED))
+
+
+def run(config, policy, seconds: float, finish_steps: bool = False, profile: str = "nominal"):
+    """``seconds`` from rest on the robot ``profile``; returns (trajectory, supervisor, selected index per step)."""
+    supervisor = build_controller(config, policy)
+    selected = []
+
+    class Watched:
+        mode = property(lambda self: supervisor.mode)
+        reset = staticmethod(supervisor.reset)
+
+        def step(self, x, t):
+            u = supervisor.step(x, t)
+            selected.append(supervisor.selected)
+            if finish_steps:
+                supervisor.finish_step()
+            return u
+
+    robot = load_robot_profile(profile).robot(config, 0)
+    traj = drive(robot, Watched(), int(round(seconds / config.control_period)))
+    return traj, supervisor, np.array(selected)
+
+
+def test_the_candidate_that_stays_up_longest_takes_over_at_the_due_time(tmp_path):
+    config = load_robot_config(selecting(tmp_path, lead=0.04, interval=0.5))
+    plant = DoublePendulum(config.plant)
+    loaded = load_policy(limp(tmp_path / "limp.npz"))
+    alone, _, _ = run(dataclasses.replace(config, selection=dataclasses.replace(config.selection, bank="")), loaded,
+                      3.0)
+    traj, supervisor, selected = run(config, loaded, 3.0)
+    assert not np.any(plant.end_effector_height(alone.x) > plant.height_threshold)   # the limp policy stays down
+    assert np.any(plant.end_effector_height(traj.x) > plant.height_threshold)        # the bank's swings up
+    lead = round(config.selection.lead / config.control_period)
+    assert np.all(selected[:lead] == 0) and np.all(selected[lead:] == 1)   # from the first state's decision on
+    assert np.all(traj.u[:lead, 1] == 0.0) and np.any(traj.u[lead:lead + 10, 1] != 0.0)
+    assert supervisor.selection.decisions >= 3
+    assert np.all(traj.u[:, 0] == 0.0)                  # the passive shoulder: exactly 0 N m, always
+
+
+def test_spreading_the_work_over_the_steps_gives_the_same_run_and_each_decision_is_ready_in_time(tmp_path):
+    config = load_robot_config(selecting(tmp_path, lead=0.02, interval=0.3, horizon=1.0, step=0.004))
+    loaded = load_policy(limp(tmp_path / "limp.npz"))
+    plain, _, chosen = run(config, loaded, 2.0)
+    spread, supervisor, chosen_spread = run(config, loaded, 2.0, finish_steps=True)
+    np.testing.assert_array_equal(plain.u, spread.u)
+    np.testing.assert_array_equal(chosen, chosen_spread)
+    selection = supervisor.selection
+    total = selection.lead_steps + 2 * selection.horizon_steps
+    assert selection._chunk * selection.lead_periods >= total          # each advance does its share: done when due
+
+
+def test_the_choice_comes_from_the_robot_configs_plant(tmp_path):
+    """A decision's values are simulations on the robot config's plant (no robot is handed to the supervisor):
+    the same for the same config, other ones for a config with another plant (model_1.0: friction, rotor inertia)."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02))
+    other = dataclasses.replace(config, plant=load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.0"))
+    loaded = load_policy(limp(tmp_path / "limp.npz"))
+
+    def first_values(robot_config) -> list[float]:
+        supervisor = build_controller(robot_config, loaded)
+        assert supervisor.selection.plant.params == robot_config.plant
+        supervisor.step(np.zeros(4), 0.0)
+        supervisor.selection.finish()
+        return supervisor.selection.last_values
+
+    values = first_values(config)
+    assert values == first_values(config) and values[1] > values[0] == 0.0
+    assert first_values(other) != values
+
+
+def test_a_reloaded_policy_runs_at_once_and_a_gap_starts_a_new_decision(tmp_path):
+    config = load_robot_config(selecting(tmp_path, lead=0.04))
+    supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))
+    supervisor.step(np.zeros(4), 0.0)
+    assert supervisor.selection.pending
+    shipped = load_policy(SHIPPED)
+    supervisor.set_policy(shipped)                       # ~/reload_policy: candidate 0, running, nothing pending
+    assert supervisor.policy is shipped and supervisor.selected == 0 and not supervisor.selection.pending
+    supervisor.step(np.zeros(4), 0.002)
+    assert not supervisor.selection.pending              # no gap, no policy in charge for an interval yet
+    supervisor.step(np.zeros(4), 0.5)                    # states resume after a gap: a new decision
+    assert supervisor.selection.pending and supervisor.selection.decided_at == 0.5
