@@ -28,6 +28,7 @@ setup(
         (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
         (f"share/{PACKAGE}/config", glob("config/*.yaml") + glob("config/*.json")),
         (f"share/{PACKAGE}/config/experiments", glob("config/experiments/*.yaml")),
+        (f"share/{PACKAGE}/config/design_robots", glob("config/design_robots/*.yaml")),
         (f"share/{PACKAGE}/policies", glob("policies/*.npz")),
         (f"share/{PACKAGE}/policies/acrobot_bank", glob("policies/acrobot_bank/*.npz")),   # config/acrobot_select.yaml
     ],

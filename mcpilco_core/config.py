@@ -514,6 +514,11 @@ class SelectionConfig:
     step: float = setting("s, the simulations' RK4 step, at which their supervisor runs too (a whole number of "
                           "control periods that divides lead and policy_period: longer = less computation, a "
                           "coarser prediction)", 0.002, positive=True, high=0.1)
+    plant_model: str = setting("the plant the candidates are simulated on: a model of plant_models_file, e.g. one "
+                               "identified from the robot's trials ('' = the robot config's plant)", "")
+    plant_models_file: str = setting("plant models YAML of plant_model, relative to the robot file",
+                                     "plant_models.yaml")
+    plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
     @property
     def enabled(self) -> bool:
@@ -730,7 +735,18 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
         bank = Path(base_dir or ".") / bank
     if not bank.is_dir():
         raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
-    return replace(selection, bank=str(bank.resolve()))
+    plant = None
+    if selection.plant_model:
+        models_file = Path(selection.plant_models_file)
+        if not models_file.is_absolute():
+            models_file = Path(base_dir or ".") / models_file
+        if not models_file.is_file():
+            raise ConfigError(source, "selection.plant_models_file", f"no such file: {models_file}")
+        try:
+            plant = load_plant_parameters(models_file, selection.plant_model)
+        except ConfigError as exc:
+            raise ConfigError(source, "selection.plant_model", str(exc)) from exc
+    return replace(selection, bank=str(bank.resolve()), plant=plant)
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

@@ -133,14 +133,15 @@ def test_spreading_the_work_over_the_steps_gives_the_same_run_and_each_decision_
 
 def test_the_choice_comes_from_the_robot_configs_plant(tmp_path):
     """A decision's values are simulations on the robot config's plant (no robot is handed to the supervisor):
-    the same for the same config, other ones for a config with another plant (model_1.0: friction, rotor inertia)."""
+    the same for the same config, other ones for a config with another plant (model_1.0: friction, rotor inertia),
+    or for the plant ``selection.plant_model`` names (the LQR's plant unchanged)."""
     config = load_robot_config(selecting(tmp_path, lead=0.02))
     other = dataclasses.replace(config, plant=load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.0"))
     loaded = load_policy(limp(tmp_path / "limp.npz"))
 
     def first_values(robot_config) -> list[float]:
         supervisor = build_controller(robot_config, loaded)
-        assert supervisor.selection.plant.params == robot_config.plant
+        assert supervisor.selection.plant.params == (robot_config.selection.plant or robot_config.plant)
         supervisor.step(np.zeros(4), 0.0)
         supervisor.selection.finish()
         return supervisor.selection.last_values
@@ -148,6 +149,15 @@ def test_the_choice_comes_from_the_robot_configs_plant(tmp_path):
     values = first_values(config)
     assert values == first_values(config) and values[1] > values[0] == 0.0
     assert first_values(other) != values
+    named = load_robot_config(selecting(tmp_path, lead=0.02, plant_model="model_1.0",
+                                        plant_models_file=str(REPO / "config" / "plant_models.yaml")))
+    assert named.plant == config.plant and named.selection.plant == other.plant     # the LQR's plant stays
+    assert first_values(named) != values                  # the candidates run on model_1.0 ...
+    np.testing.assert_array_equal(build_controller(named).design.K, build_controller(config).design.K)  # not the LQR
+    with pytest.raises(ConfigError, match=r"selection\.plant_model") as info:
+        load_robot_config(selecting(tmp_path, plant_model="model_9", plant_models_file=str(REPO / "config" /
+                                                                                              "plant_models.yaml")))
+    assert "unknown plant model" in str(info.value)
 
 
 def test_a_reloaded_policy_runs_at_once_and_a_gap_starts_a_new_decision(tmp_path):

@@ -61,8 +61,9 @@ class Supervisor:
         self._selection = None
         if config.selection.enabled:
             shadow = Supervisor(replace(config, selection=SelectionConfig()), design, rho)
-            self._selection = PolicySelection(shadow, DoublePendulum(config.plant), config.selection,
-                                              config.control_period, config.torque_limits)
+            model = DoublePendulum(config.selection.plant or config.plant)   # what the candidates are simulated on
+            self._selection = PolicySelection(shadow, model, config.selection, config.control_period,
+                                              config.torque_limits)
         self.reset()
 
     # ---------------------------------------------------------------- public API
