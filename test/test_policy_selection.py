@@ -175,3 +175,6 @@ def test_a_reloaded_policy_runs_at_once_and_a_gap_starts_a_new_decision(tmp_path
     assert not supervisor.selection.pending              # no gap, no policy in charge for an interval yet
     supervisor.step(np.zeros(4), 0.5)                    # states resume after a gap: a new decision
     assert supervisor.selection.pending and supervisor.selection.decided_at == 0.5
+    decisions = supervisor.selection.decisions
+    supervisor.reset()                                   # the node's reset at a window: nothing pending, count kept
+    assert not supervisor.selection.pending and supervisor.selected == 0 and supervisor.selection.decisions == decisions

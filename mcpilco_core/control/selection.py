@@ -54,12 +54,12 @@ class PolicySelection:
         self.horizon_steps = max(1, int(round(settings.horizon / self.dt)))
         self._lengths = (float(plant.params.l[0]), float(plant.params.l[1]))
         self._line = float(plant.height_threshold)
+        self.decisions = 0                   # decisions started since this selection was made (resets keep it)
         self.reset()
 
     def reset(self) -> None:
         self.cancel()
-        self.decided_at = -math.inf      # s, when the last decision started
-        self.decisions = 0
+        self.decided_at = -math.inf          # s, when the last decision started
         self.last_values: list[float] = []   # s above the line, per candidate, of the last decision
 
     # ---------------------------------------------------------------- the decision's life
