@@ -662,12 +662,9 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                                           "inline"), source, "plant")
     else:
         model = reader.value("plant_model", plant_source["plant_model"].setting)
-        models_file = Path(reader.value("plant_models_file", plant_source["plant_models_file"].setting,
-                                        PLANT_MODELS_FILE))
-        if not models_file.is_absolute():
-            models_file = Path(base_dir or ".") / models_file
-        if not models_file.is_file():
-            raise ConfigError(source, "plant_models_file", f"no such file: {models_file}")
+        models_file = _models_file(source, "plant_models_file", base_dir,
+                                   reader.value("plant_models_file", plant_source["plant_models_file"].setting,
+                                                PLANT_MODELS_FILE))
         plant = load_plant_parameters(models_file, model)
     if values["u_max"] > values["torque_limit"]:
         raise ConfigError(source, "u_max", f"policy bound {values['u_max']} exceeds torque_limit "
@@ -712,6 +709,20 @@ def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -
     return catch
 
 
+def _beside(base_dir: str | Path | None, value: str) -> Path:
+    """A path a robot file names: as given when absolute, else relative to the robot file's directory."""
+    path = Path(value)
+    return path if path.is_absolute() else Path(base_dir or ".") / path
+
+
+def _models_file(source: str | Path | None, field_name: str, base_dir: str | Path | None, value: str) -> Path:
+    """The plant models YAML the robot file's ``field_name`` names (:func:`_beside`); ConfigError when missing."""
+    path = _beside(base_dir, value)
+    if not path.is_file():
+        raise ConfigError(source, field_name, f"no such file: {path}")
+    return path
+
+
 def _selection_config(reader: ConfigReader, control_period: float, policy_period: float, catch: CatchConfig,
                       base_dir: str | Path | None) -> SelectionConfig:
     selection = _section(reader, "selection", SelectionConfig)
@@ -730,18 +741,12 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
     if catch.enabled:
         raise ConfigError(source, "selection.bank", "the selection does not run with the catch plan (catch.enabled): "
                                                     "its simulations would have to solve the plans too")
-    bank = Path(selection.bank)
-    if not bank.is_absolute():
-        bank = Path(base_dir or ".") / bank
+    bank = _beside(base_dir, selection.bank)
     if not bank.is_dir():
         raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
     plant = None
     if selection.plant_model:
-        models_file = Path(selection.plant_models_file)
-        if not models_file.is_absolute():
-            models_file = Path(base_dir or ".") / models_file
-        if not models_file.is_file():
-            raise ConfigError(source, "selection.plant_models_file", f"no such file: {models_file}")
+        models_file = _models_file(source, "selection.plant_models_file", base_dir, selection.plant_models_file)
         try:
             plant = load_plant_parameters(models_file, selection.plant_model)
         except ConfigError as exc:

@@ -4,25 +4,14 @@ holds its torque, the plan-swap keeps the config's LQR, and bad arguments are re
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_friction_catch",
-                                                  ROOT / "benchmarks" / "bench_friction_catch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _bench_helpers import load_benchmark
 
 
 def test_the_held_lqr_holds_its_torque_and_catches_near_the_top(capsys):
-    bench = _bench()
+    bench = load_benchmark("bench_friction_catch")
     held = bench.HeldLqr(np.array([0.0, 0.0, 1.0, 0.0]), np.zeros(4), hold=3, limit=6.0)
     torques = [held.step(np.array([0.0, 0.0, v, 0.0]), 0.0)[1] for v in (1.0, 2.0, 3.0, 4.0)]
     assert torques == [-1.0, -1.0, -1.0, -4.0]                     # computed every 3rd step, held in between
@@ -33,7 +22,7 @@ def test_the_held_lqr_holds_its_torque_and_catches_near_the_top(capsys):
 
 
 def test_the_plan_swap_keeps_the_config_lqr_and_plans_on_the_plant_given():
-    bench = _bench()
+    bench = load_benchmark("bench_friction_catch")
     from dataclasses import replace
 
     from mcpilco_core.config import load_robot_config
@@ -50,7 +39,7 @@ def test_the_plan_swap_keeps_the_config_lqr_and_plans_on_the_plant_given():
 
 
 def test_bad_arguments_are_refused():
-    bench = _bench()
+    bench = load_benchmark("bench_friction_catch")
     assert bench.start_spec("swing-up:10") == ("swing-up", 10) and bench.start_spec("100") == ("100", 800)
     with pytest.raises(argparse.ArgumentTypeError):
         bench.start_spec("lots:10")

@@ -3,11 +3,11 @@ and the timed controller steps the supervisor as the controller node does (comma
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _bench_helpers import load_benchmark
 
 from mcpilco_core.config import ConfigError
 from mcpilco_core.control import build_controller
@@ -17,16 +17,10 @@ from mcpilco_core.simulation import drive, load_robot_profile
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_policy_selection",
-                                                  ROOT / "benchmarks" / "bench_policy_selection.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_variant_changes_only_its_assignments_and_bad_ones_are_refused():
-    bench = _bench()
+    bench = load_benchmark("bench_policy_selection")
     config = bench.variant(ROOT / "config" / "acrobot_select.yaml", "selection.step=0.002,selection.lead=0.04")
     assert (config.selection.step, config.selection.lead, config.selection.horizon) == (0.002, 0.04, 2.5)
     assert config.selection.bank == str((ROOT / "policies" / "acrobot_bank").resolve())
@@ -35,7 +29,7 @@ def test_a_variant_changes_only_its_assignments_and_bad_ones_are_refused():
 
 
 def test_the_timed_controller_steps_as_the_node_does_and_keeps_each_steps_time():
-    bench = _bench()
+    bench = load_benchmark("bench_policy_selection")
     config = bench.variant(ROOT / "config" / "acrobot_select.yaml", "selection.horizon=0.5")
     policy = load_policy(ROOT / "policies" / "acrobot.npz")
     timed = bench.Timed(build_controller(config, policy))

@@ -3,25 +3,20 @@ would be, and it never writes beside the shipped file (its ROA cache goes to the
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _bench_helpers import load_benchmark
 
 from mcpilco_core.config import ConfigError, load_robot_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_robot_config", ROOT / "benchmarks" / "bench_robot_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_variant_sets_its_keys_and_keeps_the_rest(tmp_path):
-    bench = _bench()
+    bench = load_benchmark("bench_robot_config")
     overrides = bench.parse_variant("roa.enter_fraction=6, damping.enabled=false,catch.horizon=1.2")
     assert overrides == {"roa.enter_fraction": 6, "damping.enabled": False, "catch.horizon": 1.2}
     base = ROOT / "config" / "acrobot.yaml"
@@ -36,11 +31,11 @@ def test_a_variant_sets_its_keys_and_keeps_the_rest(tmp_path):
 @pytest.mark.parametrize("text, field", [("roa.entr=2", "roa.entr"), ("roa.enter_fraction=20", "roa.exit_fraction"),
                                          ("damping.gain=-1", "damping.gain")])
 def test_a_bad_variant_is_refused_by_name(tmp_path, text, field):
-    bench = _bench()
+    bench = load_benchmark("bench_robot_config")
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         bench.variant_config(ROOT / "config" / "acrobot.yaml", bench.parse_variant(text), tmp_path, 0)
 
 
 def test_a_variant_without_a_value_is_refused():
     with pytest.raises(ValueError, match="key=value"):
-        _bench().parse_variant("damping")
+        load_benchmark("bench_robot_config").parse_variant("damping")

@@ -18,7 +18,7 @@ from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_c
 from mcpilco_core.control import build_controller, load_bank
 from mcpilco_core.control.roa import _cache_key
 from mcpilco_core.plant import DoublePendulum
-from mcpilco_core.policy import load_policy, save_policy
+from mcpilco_core.policy import PolicyError, load_policy, save_policy
 from mcpilco_core.simulation import drive, load_robot_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_bad_settings_name_their_field(tmp_path, values, field, words):
     assert words in str(info.value)
 
 
-def test_it_refuses_the_catch_plan_and_an_empty_bank(tmp_path):
+def test_it_refuses_the_catch_plan_a_bad_bank_file_and_an_empty_bank(tmp_path):
     path = selecting(tmp_path)
     data = yaml.safe_load(path.read_text())
     data["/**"]["ros__parameters"]["catch"] = {"enabled": True}
@@ -78,6 +78,9 @@ def test_it_refuses_the_catch_plan_and_an_empty_bank(tmp_path):
     with pytest.raises(ConfigError, match=r"selection\.bank") as info:
         load_robot_config(path)
     assert "catch" in str(info.value)
+    (tmp_path / "bank" / "broken.npz").write_bytes(b"not a policy")     # a bad file in the bank: named, refused
+    with pytest.raises(PolicyError, match="broken.npz"):
+        build_controller(load_robot_config(selecting(tmp_path)), load_policy(SHIPPED))
     empty = tmp_path / "empty"
     empty.mkdir()
     config = load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=str(empty)))

@@ -24,14 +24,13 @@ Units: s, rad, rad/s, N m.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
 from ..plant import DoublePendulum
 
 Policy = Callable[[np.ndarray], float]
-TIME_TOLERANCE = 1e-9   # s
 
 
 def _clip(value: float, limit: float) -> float:
@@ -107,30 +106,29 @@ class PolicySelection:
     def _decide(self, state: tuple, x: tuple, t: float, candidates: list, running: int) -> Iterator[None]:
         shadow = self.shadow
         shadow.restore_state(state)
-        end: list = [x]
-        yield from self._rollout(x, t, self.lead_steps, end, [0])
-        x_due, t_due, state_due = end[0], t + self.lead_steps * self.dt, shadow.capture_state()
+        x_due, _ = yield from self._rollout(x, t, self.lead_steps)
+        t_due, state_due = t + self.lead_steps * self.dt, shadow.capture_state()
         values = []
         for policy in candidates:
             shadow.restore_state(state_due)
             shadow.use_policy(policy)
-            up = [0]
-            yield from self._rollout(x_due, t_due, self.horizon_steps, [x_due], up)
-            values.append(up[0] * self.dt)
+            _, up = yield from self._rollout(x_due, t_due, self.horizon_steps)
+            values.append(up * self.dt)
         self.last_values = values
         best = int(np.argmax(values))
         self._choice = best if values[best] > values[running] + self.settings.margin else running
 
-    def _rollout(self, x: tuple, t: float, steps: int, end: list, up: list) -> Iterator[None]:
-        """``steps`` control periods of the shadow on the model from ``x`` at ``t``; the last state goes to
-        ``end[0]``, the number of states above the line is added to ``up[0]``."""
+    def _rollout(self, x: tuple, t: float, steps: int) -> Generator[None, None, tuple[tuple, int]]:
+        """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns
+        the last state and the number of states above the line."""
         shadow, plant, dt = self.shadow, self.plant, self.dt
         l1, l2 = self._lengths
         lim0, lim1 = self.limits
+        up = 0
         for k in range(steps):
             u = shadow.step(np.array(x), t + k * dt)
             x = plant.rk4_step_scalar(x, (_clip(float(u[0]), lim0), _clip(float(u[1]), lim1)), dt)
             if -l1 * math.cos(x[0]) - l2 * math.cos(x[0] + x[1]) > self._line:
-                up[0] += 1
+                up += 1
             yield
-        end[0] = x
+        return x, up
