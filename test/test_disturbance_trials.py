@@ -215,8 +215,10 @@ def test_trainer_disturbance_trial_records_the_window_marked_and_notes_it_in_ses
     from mcpilco_core import recording
 
     with rig() as r:
+        # lockstep_timeout: an answer later than this (wall time) steps the robot with zero torque; on a loaded
+        # 2-core machine the default 0.1 s was exceeded once in a while (0.45 N m in one 20 ms interval)
         sim = r.add(make_sim(r.context, mode="lockstep", initial_state=[0.2, 0.0, 0.0, 0.0], duration=0.3,
-                             **{"disturbance.seed": 5}))
+                             lockstep_timeout=1.0, **{"disturbance.seed": 5}))
         trainer = r.add(make_trainer(r.context, tmp_path))
         peer = r.add(AnsweringPeer(r.context, effort=(0.5, 0.0)))
         start = peer.create_client(Trigger, "/trainer_node/start_disturbance_trial")
@@ -241,10 +243,7 @@ def test_trainer_disturbance_trial_records_the_window_marked_and_notes_it_in_ses
     # the window: states 1..100 marked (state 0 went out before the window was armed), its 100 steps (state 0 to
     # 100) out: intervals 0..9 (to 0.2 s); the state it handed over starts the data
     assert list(np.flatnonzero(~trial.valid)) == list(range(10)) and set(trial.mode[:10]) == {"reset"}
-    # the peer's 0.5 N m on the shoulder after it; the last interval may end with a state the simulated robot stopped
-    # at before the peer's answer to it was recorded (a race at the trial's end: 0.45 once in three full runs), so it
-    # is left out of the torque check
-    assert len(trial) >= 24 and np.all(trial.u[10:, 1] == 0.0) and np.allclose(trial.u[10:-1, 0], 0.5)
+    assert len(trial) >= 24 and np.all(trial.u[10:, 1] == 0.0) and np.allclose(trial.u[10:, 0], 0.5)
     np.testing.assert_array_equal(trial.handed_over_states(), trial.x[[10]])
 
 
