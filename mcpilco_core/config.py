@@ -518,6 +518,9 @@ class SelectionConfig:
                                "identified from the robot's trials ('' = the robot config's plant)", "")
     plant_models_file: str = setting("plant models YAML of plant_model, relative to the robot file",
                                      "plant_models.yaml")
+    dither_phases: int = setting("starting phases of the balance dither tried with each candidate, evenly spaced over "
+                                 "its period (1 = the configured phase only; 2 = first push up or down); the work "
+                                 "grows with it", 1, low=1, high=8)
     plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
     @property
@@ -680,7 +683,8 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                                                       f"{values['torque_limit']} N m")
     roa = _roa_config(reader.sub("roa"))
     catch = _catch_config(reader, values["control_period"], roa)
-    selection = _selection_config(reader, values["control_period"], values["policy_period"], catch, base_dir)
+    selection = _selection_config(reader, values["control_period"], values["policy_period"], catch, dither,
+                                  base_dir)
     return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=roa,
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
@@ -724,7 +728,7 @@ def _models_file(source: str | Path | None, field_name: str, base_dir: str | Pat
 
 
 def _selection_config(reader: ConfigReader, control_period: float, policy_period: float, catch: CatchConfig,
-                      base_dir: str | Path | None) -> SelectionConfig:
+                      dither: BalanceDitherConfig, base_dir: str | Path | None) -> SelectionConfig:
     selection = _section(reader, "selection", SelectionConfig)
     source = reader.source
     if not whole_periods(selection.lead, control_period):
@@ -736,6 +740,9 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
     if not whole_periods(selection.step, control_period):
         raise ConfigError(source, "selection.step", f"{selection.step} s is not a whole number of control periods "
                                                     f"({control_period} s)")
+    if selection.dither_phases > 1 and dither.amplitude <= 0.0:
+        raise ConfigError(source, "selection.dither_phases", f"{selection.dither_phases} phases of a balance dither "
+                          "that is off (dither.amplitude 0): set 1, or turn the dither on")
     if not selection.enabled:
         return selection
     if catch.enabled:

@@ -363,6 +363,7 @@ class ControllerNode(ConfiguredNode):
                   "friction_compensation": self.config.friction_compensation.enabled,
                   "catch": catch.enabled, "catching": self.supervisor.catching,
                   "selection": selection is not None, "selected_candidate": self.supervisor.selected,
+                  "selected_dither_offset_s": self.supervisor.dither_offset,
                   "selection_decisions": selection.decisions if selection is not None else 0,
                   "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
                   "rho": self.supervisor.rho, "states_received": self.states_received,

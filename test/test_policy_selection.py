@@ -63,7 +63,9 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     ({"step": 0.04, "lead": 0.04}, "selection.step", "does not divide policy_period"),
     ({"horizon": 0.0}, "selection.horizon", "must be positive"),
     ({"margin": -1.0}, "selection.margin", "must be non-negative"),
-    ({"candidates": 3}, "selection", "candidates")])
+    ({"candidates": 3}, "selection", "candidates"),
+    ({"dither_phases": 2}, "selection.dither_phases", "dither that is off"),
+    ({"dither_phases": 0}, "selection.dither_phases", "must be in [1, 8]")])
 def test_bad_settings_name_their_field(tmp_path, values, field, words):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
         load_robot_config(robot_file(tmp_path, "acrobot", "selection", **values))
@@ -181,3 +183,37 @@ def test_a_reloaded_policy_runs_at_once_and_a_gap_starts_a_new_decision(tmp_path
     decisions = supervisor.selection.decisions
     supervisor.reset()                                   # the node's reset at a window: nothing pending, count kept
     assert not supervisor.selection.pending and supervisor.selected == 0 and supervisor.selection.decisions == decisions
+
+
+def test_the_dither_phase_is_chosen_with_the_candidate():
+    """``selection.dither_phases``: each candidate is simulated once per starting phase of the balance dither, the
+    best (candidate, phase) pair runs, and the live shake then carries that phase (a square wave half a period on:
+    the first push the other way)."""
+    shipped = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")
+    config = dataclasses.replace(shipped, selection=dataclasses.replace(shipped.selection, dither_phases=2))
+    policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
+    half = 0.5 / config.dither.frequency                                      # s: 62.5 ms at 8 Hz
+    supervisor = build_controller(config, policy)
+    x = np.array([np.pi - 0.3, 0.5, 1.0, -1.0])               # rising through the top: the LQR takes over soon
+    supervisor.step(x, 0.0)
+    selection = supervisor.selection
+    choice = selection.finish()
+    options = selection.last_options
+    assert options == [(index, offset) for index in range(3) for offset in (0.0, half)]
+    values = dict(zip(options, selection.last_values))
+    assert any(values[(i, 0.0)] != values[(i, half)] for i in range(3))      # the phase changes the prediction
+    best = max(options, key=values.get)
+    assert choice == (best if values[best] > values[(0, 0.0)] + config.selection.margin else (0, 0.0))
+    # The live shake carries the chosen phase: in the band at the goal (LQR 0 N m), 1 ms after the LQR took over.
+    plain, shifted = (build_controller(load_robot_config(REPO / "config" / "acrobot_dither.yaml"), policy)
+                      for _ in range(2))
+    shifted.use_dither_offset(half)
+    goal = np.array([np.pi, 0.0, 0.0, 0.0])
+    for supervisor in (plain, shifted):
+        supervisor.step(goal, 0.0)
+    u_plain, u_shifted = plain.step(goal, 0.002), shifted.step(goal, 0.002)
+    assert plain.mode == shifted.mode == "lqr"
+    assert u_plain[1] == config.dither.amplitude and u_shifted[1] == -config.dither.amplitude
+    assert u_plain[0] == u_shifted[0] == 0.0                                  # the passive shoulder: exactly 0
+    shifted.reset()
+    assert shifted.dither_offset == 0.0

@@ -314,6 +314,7 @@ def test_diagnostics_warn_when_a_share_of_a_selection_outlasts_the_control_perio
         wait_for(lambda: (st := peer.last_status("controller")) is not None
                  and status_values(st)["selection"] == str(selection)
                  and status_values(st)["selected_candidate"] == "0"
+                 and status_values(st)["selected_dither_offset_s"] == "0"
                  and level(st) == (WARN if selection else OK), what="diagnostics with the selection's state")
         if selection:
             assert "selection.lead" in peer.last_status("controller").message

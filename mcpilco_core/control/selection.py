@@ -14,9 +14,13 @@ decision is due, as after the ROS node's reset). From the measured state, the ru
 policy is simulated ``lead`` s ahead; from that predicted state each candidate is simulated ``horizon`` s with the
 supervisor's own logic, counting the time above the line; the best one takes over at the predicted time if it
 beats the running one by more than ``margin`` s (otherwise the running one goes on; either way the policy's
-20 ms grid restarts then). The work is spread evenly over the ``lead`` s: ``advance`` does a fixed share after
-each command, so a decision costs every control step the same and is always ready on time. A caller that never
-calls ``advance`` (the evaluator) gets the rest computed when the decision is due: the same numbers.
+20 ms grid restarts then). With ``dither_phases`` > 1 each candidate is simulated once per starting phase of the
+balance dither (evenly spaced over its period; 2 = the shake's first push one way or the other), and the pair that
+stays up longest is chosen: on a robot whose passive joint sticks, which way the first push goes decides many
+catches (docs/learner.md, "Choosing the shake's phase too"). The work is spread evenly over the ``lead`` s:
+``advance`` does a fixed share after each command, so a decision costs every control step the same and is always
+ready on time. A caller that never calls ``advance`` (the evaluator) gets the rest computed when the decision is
+due: the same numbers.
 
 Units: s, rad, rad/s, N m.
 """
@@ -39,7 +43,8 @@ def _clip(value: float, limit: float) -> float:
 
 class PolicySelection:
     """The decision machinery (module docstring). ``shadow`` is a supervisor of the same config without a selection;
-    it is stepped on the model and never touches the robot. Candidates are indexed as the supervisor gives them."""
+    it is stepped on the model and never touches the robot. Candidates are indexed as the supervisor gives them; an
+    option is a candidate with a dither offset: (index, s added to the shake's elapsed time)."""
 
     def __init__(self, shadow, plant: DoublePendulum, settings, control_period: float,
                  torque_limits: tuple[float, float]) -> None:
@@ -51,6 +56,9 @@ class PolicySelection:
         self.lead_periods = max(1, int(round(settings.lead / control_period)))   # control steps until due
         self.lead_steps = max(1, int(round(settings.lead / self.dt)))
         self.horizon_steps = max(1, int(round(settings.horizon / self.dt)))
+        dither = shadow.config.dither
+        phases = settings.dither_phases if dither.amplitude > 0.0 else 1
+        self.dither_offsets = tuple(k / (phases * dither.frequency) for k in range(phases))   # s
         self._lengths = (float(plant.params.l[0]), float(plant.params.l[1]))
         self._line = float(plant.height_threshold)
         self.decisions = 0                   # decisions started since this selection was made (resets keep it)
@@ -59,7 +67,8 @@ class PolicySelection:
     def reset(self) -> None:
         self.cancel()
         self.decided_at = -math.inf          # s, when the last decision started
-        self.last_values: list[float] = []   # s above the line, per candidate, of the last decision
+        self.last_options: list[tuple[int, float]] = []   # (candidate, dither offset) of the last decision
+        self.last_values: list[float] = []   # s above the line, per option, of the last decision
 
     # ---------------------------------------------------------------- the decision's life
     @property
@@ -73,17 +82,22 @@ class PolicySelection:
     def cancel(self) -> None:
         self._work: Iterator[None] | None = None
         self._due = math.inf
-        self._choice: int | None = None
+        self._choice: tuple[int, float] | None = None
 
-    def start(self, state: tuple, x: np.ndarray, t: float, candidates: Sequence[Policy], running: int) -> None:
-        """Begin a decision for the state measured at ``t`` (the live supervisor's ``state`` before this step)."""
+    def start(self, state: tuple, x: np.ndarray, t: float, candidates: Sequence[Policy],
+              running: tuple[int, float]) -> None:
+        """Begin a decision for the state measured at ``t`` (the live supervisor's ``state`` before this step);
+        ``running``: the option in charge (candidate index, dither offset in s)."""
         self.decided_at = t
         self.decisions += 1
         self._due = t + self.lead_steps * self.dt
         self._choice = None
-        total = self.lead_steps + len(candidates) * self.horizon_steps
+        options = [(index, offset) for index in range(len(candidates)) for offset in self.dither_offsets]
+        if running not in options:
+            options.append(running)
+        total = self.lead_steps + len(options) * self.horizon_steps
         self._chunk = -(-total // self.lead_periods)    # steps of simulation per advance: done within the lead
-        self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), running)
+        self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), options, running)
 
     def advance(self) -> None:
         """Do this control step's share of the pending decision (after the command went out)."""
@@ -93,8 +107,9 @@ class PolicySelection:
             if next(self._work, StopIteration) is StopIteration:
                 return
 
-    def finish(self) -> int:
-        """The decision's choice (index), computing whatever is left; the decision is then over."""
+    def finish(self) -> tuple[int, float]:
+        """The decision's choice (candidate index, dither offset), computing whatever is left; the decision is then
+        over."""
         while self._choice is None:
             if next(self._work, StopIteration) is StopIteration:
                 break
@@ -103,20 +118,23 @@ class PolicySelection:
         return choice
 
     # ---------------------------------------------------------------- the simulations
-    def _decide(self, state: tuple, x: tuple, t: float, candidates: list, running: int) -> Iterator[None]:
+    def _decide(self, state: tuple, x: tuple, t: float, candidates: list, options: list,
+                running: tuple[int, float]) -> Iterator[None]:
         shadow = self.shadow
         shadow.restore_state(state)
         x_due, _ = yield from self._rollout(x, t, self.lead_steps)
         t_due, state_due = t + self.lead_steps * self.dt, shadow.capture_state()
         values = []
-        for policy in candidates:
+        for index, offset in options:
             shadow.restore_state(state_due)
-            shadow.use_policy(policy)
+            shadow.use_policy(candidates[index])
+            shadow.use_dither_offset(offset)
             _, up = yield from self._rollout(x_due, t_due, self.horizon_steps)
             values.append(up * self.dt)
-        self.last_values = values
+        self.last_options, self.last_values = options, values
         best = int(np.argmax(values))
-        self._choice = best if values[best] > values[running] + self.settings.margin else running
+        keep = values[options.index(running)]
+        self._choice = options[best] if values[best] > keep + self.settings.margin else running
 
     def _rollout(self, x: tuple, t: float, steps: int) -> Generator[None, None, tuple[tuple, int]]:
         """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns

@@ -114,7 +114,7 @@ class Supervisor:
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
         self._last_t = -math.inf
-        self._select_candidate(0)
+        self._select_candidate(0)          # the loaded policy, the dither's configured phase
         if self._selection is not None:
             self._selection.reset()
         self._leave_catch()
@@ -122,15 +122,25 @@ class Supervisor:
     def capture_state(self) -> tuple:
         """What the next step depends on (the opt-in catch's plans aside), for :meth:`restore_state`."""
         return (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
-                self._policy)
+                self._policy, self._dither_offset)
 
     def restore_state(self, state: tuple) -> None:
         (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
-         self._policy) = state
+         self._policy, self._dither_offset) = state
 
-    def _select_candidate(self, index: int) -> None:
+    @property
+    def dither_offset(self) -> float:
+        """s added to the balance dither's elapsed time (0 = the configured phase; the opt-in selection's choice)."""
+        return self._dither_offset
+
+    def use_dither_offset(self, offset: float) -> None:
+        """Shift the balance dither's phase by ``offset`` s from the next step on (a shake under way jumps)."""
+        self._dither_offset = float(offset)
+
+    def _select_candidate(self, index: int, dither_offset: float = 0.0) -> None:
         self._selected = index
         self.use_policy(self._candidates[index])
+        self._dither_offset = dither_offset
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
         """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
@@ -174,11 +184,11 @@ class Supervisor:
             selection.cancel()
             self._select_candidate(0)
         if selection.pending and t >= selection.due - POLICY_TICK_TOLERANCE:
-            self._select_candidate(selection.finish())
+            self._select_candidate(*selection.finish())
         if (not selection.pending and len(self._candidates) > 1 and self._candidates[0] is not None
                 and (resumed or (self._mode == "policy" and t - selection.decided_at >= selection.settings.interval
                                  - POLICY_TICK_TOLERANCE))):
-            selection.start(self.capture_state(), x, t, self._candidates, self._selected)
+            selection.start(self.capture_state(), x, t, self._candidates, (self._selected, self._dither_offset))
 
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:
@@ -238,7 +248,7 @@ class Supervisor:
         if dither.amplitude <= 0.0:           # off (the default): nothing on the 500 Hz path
             return 0.0
         period = self.config.control_period
-        return dither.torque(round((t - self._lqr_since) / period) * period)
+        return dither.torque(round((t - self._lqr_since) / period) * period + self._dither_offset)
 
     def _update_damping(self, x: np.ndarray) -> bool:
         settings = self.config.damping
