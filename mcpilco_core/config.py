@@ -498,12 +498,14 @@ class CatchConfig:
 class SelectionConfig:
     """Opt-in: several swing-up policies, the one to run chosen by simulating each, through the supervisor, on the
     config's plant, and keeping the one that stays above the score's line longest (control/selection.py says why and
-    how). Off by default (``bank: ''``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must
+    how); with ``dither_phases`` > 1, the balance dither's starting phase chosen with it. Off by default (``bank: ''``,
+    ``dither_phases: 1``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must
     leave the computer time for (1 + candidates x horizon / control_period) simulated steps. Units: s.
     """
 
     bank: str = setting("directory of the other candidate policies (its *.npz files, by name; relative to the robot "
-                        "file); the loaded policy is candidate 0; '' = off", "")
+                        "file); the loaded policy is candidate 0; '' = none (then the selection is off unless "
+                        "dither_phases > 1)", "")
     horizon: float = setting("s, how long each candidate is simulated", 2.5, positive=True, high=60.0)
     interval: float = setting("s between decisions while a policy is in charge (and one whenever the states resume "
                               "after a gap)", 0.5, positive=True, high=3600.0)
@@ -525,7 +527,7 @@ class SelectionConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.bank)
+        return bool(self.bank) or self.dither_phases > 1
 
 
 PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
@@ -746,10 +748,11 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
     if not selection.enabled:
         return selection
     if catch.enabled:
-        raise ConfigError(source, "selection.bank", "the selection does not run with the catch plan (catch.enabled): "
-                                                    "its simulations would have to solve the plans too")
-    bank = _beside(base_dir, selection.bank)
-    if not bank.is_dir():
+        raise ConfigError(source, "selection.bank" if selection.bank else "selection.dither_phases",
+                          "the selection does not run with the catch plan (catch.enabled): its simulations would have "
+                          "to solve the plans too")
+    bank = _beside(base_dir, selection.bank) if selection.bank else None
+    if bank is not None and not bank.is_dir():
         raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
     plant = None
     if selection.plant_model:
@@ -758,7 +761,7 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
             plant = load_plant_parameters(models_file, selection.plant_model)
         except ConfigError as exc:
             raise ConfigError(source, "selection.plant_model", str(exc)) from exc
-    return replace(selection, bank=str(bank.resolve()), plant=plant)
+    return replace(selection, bank=str(bank.resolve()) if bank is not None else "", plant=plant)
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

@@ -217,3 +217,23 @@ def test_the_dither_phase_is_chosen_with_the_candidate():
     assert u_plain[0] == u_shifted[0] == 0.0                                  # the passive shoulder: exactly 0
     shifted.reset()
     assert shifted.dither_offset == 0.0
+
+
+def test_the_dither_phase_alone_needs_no_bank(tmp_path):
+    """``dither_phases`` > 1 turns the selection on without a bank: one policy, the shake's phase chosen for it."""
+    path = tmp_path / "acrobot_phase.yaml"
+    data = yaml.safe_load((REPO / "config" / "acrobot_dither_select.yaml").read_text())
+    settings = data["/**"]["ros__parameters"]
+    settings["plant_models_file"] = str(REPO / "config" / "plant_models.yaml")
+    settings["selection"] = {"dither_phases": 2, "step": 0.004, "lead": 0.1}
+    path.write_text(yaml.safe_dump(data))
+    config = load_robot_config(path)
+    assert config.selection.enabled and config.selection.bank == "" and load_bank(config) == []
+    supervisor = build_controller(config, load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz"))
+    supervisor.step(np.array([np.pi - 0.3, 0.5, 1.0, -1.0]), 0.0)
+    assert supervisor.selection.pending
+    supervisor.selection.finish()
+    assert supervisor.selection.last_options == [(0, 0.0), (0, 0.5 / config.dither.frequency)]
+    settings["selection"]["dither_phases"] = 1                       # one policy, one phase: off
+    path.write_text(yaml.safe_dump(data))
+    assert not load_robot_config(path).selection.enabled

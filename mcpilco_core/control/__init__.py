@@ -35,8 +35,8 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
 def load_bank(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None) -> list[SumOfGaussiansPolicy]:
     """The opt-in selection's other candidates: the bank directory's ``*.npz`` files by name, each validated for this
     robot, its torque limit and its policy period, less any with the same parameters as ``policy`` or an earlier one
-    ([] when the selection is off). PolicyError names a bad file; ConfigError an empty bank."""
-    if not config.selection.enabled:
+    ([] when the selection is off or names no bank). PolicyError names a bad file; ConfigError an empty bank."""
+    if not config.selection.enabled or not config.selection.bank:
         return []
     files = sorted(Path(config.selection.bank).glob("*.npz"))
     if not files:

@@ -185,7 +185,8 @@ class Supervisor:
             self._select_candidate(0)
         if selection.pending and t >= selection.due - POLICY_TICK_TOLERANCE:
             self._select_candidate(*selection.finish())
-        if (not selection.pending and len(self._candidates) > 1 and self._candidates[0] is not None
+        if (not selection.pending and len(self._candidates) * len(selection.dither_offsets) > 1
+                and self._candidates[0] is not None
                 and (resumed or (self._mode == "policy" and t - selection.decided_at >= selection.settings.interval
                                  - POLICY_TICK_TOLERANCE))):
             selection.start(self.capture_state(), x, t, self._candidates, (self._selected, self._dither_offset))
