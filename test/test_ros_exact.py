@@ -53,13 +53,13 @@ def test_ros_lockstep_run_equals_the_evaluator_array_by_array(tmp_path):
     assert float(ros["score"]) == reference.score
 
 
-def ros_and_evaluator(robot: str, config_name: str, policy_name: str, tmp_path: Path, watch=None):
-    """The lockstep ROS run and the evaluator's trajectory for ``config/<config_name>`` with ``policies/<policy_name>``;
-    ``watch(supervisor)`` (optional) is called after each of the evaluator's steps."""
+def ros_and_evaluator(robot: str, config_name: str, policy_name: str, tmp_path: Path, watch=None, seed: int = SEED):
+    """The lockstep ROS run and the evaluator's trajectory for ``config/<config_name>`` with ``policies/<policy_name>``
+    (protocol ``seed``); ``watch(supervisor)`` (optional) is called after each of the evaluator's steps."""
     config_file = REPO / "config" / config_name
     config = load_robot_config(config_file)
     policy_file = REPO / "policies" / policy_name
-    result = run_demo(robot, seed=SEED, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
+    result = run_demo(robot, seed=seed, policy=policy_file, config=config_file, out_dir=tmp_path, quiet=True,
                       duration=DURATION)
     assert result["lockstep_timeouts"] == 0
     supervisor = build_controller(config, load_policy(policy_file, robot=robot, torque_limit=config.torque_limit))
@@ -74,7 +74,7 @@ def ros_and_evaluator(robot: str, config_name: str, policy_name: str, tmp_path: 
                 watch(supervisor)
             return u
 
-    reference = evaluate_seed(Watched(), config, SEED, DURATION, keep_trajectory=True).trajectory
+    reference = evaluate_seed(Watched(), config, seed, DURATION, keep_trajectory=True).trajectory
     return config, np.load(result["trajectory"]), reference
 
 
@@ -107,5 +107,18 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_policy_selection(tmp_pat
     config, ros, ref = ros_and_evaluator("acrobot", "acrobot_select.yaml", "acrobot.npz", tmp_path,
                                          lambda supervisor: selected.append(supervisor.selected))
     assert config.selection.enabled and len(set(selected)) >= 2       # another candidate than the loaded one ran
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_dither_phase_chosen(tmp_path):
+    """The same with config/acrobot_dither_phase.yaml (no bank: the shake's starting phase chosen by the model): the
+    phase shift the decisions pick reaches the shake identically in the controller node and in the evaluator."""
+    offsets = []
+    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_dither_phase.yaml", "acrobot_hardware_proxy.npz", tmp_path,
+                                         lambda supervisor: offsets.append((supervisor.dither_offset, supervisor.mode)),
+                                         seed=2)
+    assert config.selection.dither_phases == 2 and config.selection.bank == ""
+    assert sum(offset != 0.0 and mode == "lqr" for offset, mode in offsets) >= 100   # the other phase shook
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
