@@ -499,8 +499,8 @@ class SelectionConfig:
     """Opt-in: several swing-up policies, the one to run chosen by simulating each, through the supervisor, on the
     config's plant, and keeping the one that stays above the score's line longest (control/selection.py says why and
     how); with ``dither_phases`` > 1, the balance dither's starting phase chosen with it. Off by default (``bank: ''``,
-    ``dither_phases: 1``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must
-    leave the computer time for (1 + candidates x horizon / control_period) simulated steps. Units: s.
+    ``dither_phases: 1``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must leave the
+    computer time for (lead + candidates x dither_phases x horizon) / step simulated steps. Units: s.
     """
 
     bank: str = setting("directory of the other candidate policies (its *.npz files, by name; relative to the robot "
