@@ -4,6 +4,7 @@ dropout, more particles, from the run's next start distribution -- with no robot
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import fields, replace
 from pathlib import Path
@@ -140,7 +141,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
 
 @pytest.mark.parametrize("best", ["start", "middle", "end"])
 def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing_beats_it(run, tmp_path,
-                                                                                          monkeypatch, best):
+                                                                                          monkeypatch, best, caplog):
     judged: list[np.ndarray] = []
     built: list[tuple] = []
     scores = {"start": [0.5, 0.2, 0.3, 0.4], "middle": [0.1, 0.2, 0.6, 0.3], "end": [0.1, 0.2, 0.3, 0.4]}[best]
@@ -157,8 +158,12 @@ def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing
     source = load_source(run)
     processes = 2 if best == "middle" else 0                     # 0: the training's optimizer.judge_processes
     settings = PolishSettings(steps=30, lr=0.01, particles=16, snapshot_every=10, judge_processes=processes)
-    result = polish(source, settings, tmp_path / "out", progress=False)
+    with caplog.at_level(logging.INFO):
+        result = polish(source, settings, tmp_path / "out", progress=False)
     training = source.config.optimizer
+    progress = [r.getMessage() for r in caplog.records if "judged" in r.getMessage()]   # a line per judged snapshot
+    assert [line.split(",")[0] for line in progress] == [f"polish: step {k} of at most 30" for k in (10, 20, 30)]
+    assert f"judged {scores[1]:.3f}" in progress[0]
     assert built == [(tuple(training.snapshot_seeds), training.snapshot_seconds,      # the training's judge seeds
                       processes or training.judge_processes)]
     assert len(judged) == 4                                      # the start and steps 10, 20, 30

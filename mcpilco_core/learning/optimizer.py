@@ -482,6 +482,9 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
                 checkpoints.take(result.steps)
             if best is not None and result.steps % settings.snapshot_every == 0:
                 best.consider(result.steps)
+                LOG.info("%s: step %d of at most %d, cost %.2f, judged %.3f (kept: step %s, %.3f), %.0f s",
+                         description, result.steps, max_steps, value, result.snapshots[-1][1], result.kept_step,
+                         result.kept_score, time.perf_counter() - start)
             if plateau and step + 1 >= settings.min_steps:
                 if lr <= settings.lr_min * (1 + 1e-9):
                     result.stop_reason = "plateau at the minimum learning rate"
