@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import RobotConfig, load_robot_config  # noqa: E402
 from mcpilco_core.control import build_controller  # noqa: E402
-from mcpilco_core.evaluation import DT, evaluate_seed  # noqa: E402
+from mcpilco_core.evaluation import DT, Recovery, disturbance_recoveries, evaluate_seed  # noqa: E402
 from mcpilco_core.plant import DoublePendulum  # noqa: E402
 from mcpilco_core.policy import load_policy  # noqa: E402
-from mcpilco_core.simulation import RobotProfile, drive, load_robot_profile  # noqa: E402
+from mcpilco_core.simulation import RobotProfile, drive, load_robot_profile, uptime  # noqa: E402
 
 OTHER_NOISE = 7919   # added to a run's robot seed for the run with other noise draws
 
@@ -41,12 +41,12 @@ def with_selection(config: RobotConfig, phases: int) -> RobotConfig:
 
 def time_above(config: RobotConfig, policy, profile: RobotProfile, robot_seed: int, x0: np.ndarray, steps: int,
                offset: float) -> float:
-    """Seconds above the line in ``steps`` steps from ``x0``, the shake shifted by ``offset`` s."""
+    """Seconds above the line (the protocol's count) in ``steps`` steps from ``x0``, the shake shifted by ``offset``
+    s."""
     supervisor = build_controller(config, policy)
     supervisor.use_dither_offset(offset)
     traj = drive(profile.robot(config, robot_seed, x0), supervisor, steps, reset_controller=False)
-    plant = DoublePendulum(config.plant)
-    return float(np.sum(plant.end_effector_height(traj.x[1:]) > plant.height_threshold) * DT)
+    return uptime(traj.t, traj.x, DoublePendulum(config.plant))
 
 
 def predicted(model: RobotConfig, policy, x0: np.ndarray) -> list[float]:
@@ -57,14 +57,11 @@ def predicted(model: RobotConfig, policy, x0: np.ndarray) -> list[float]:
     return list(supervisor.selection.last_values)
 
 
-def disturbances(config: RobotConfig, policy, profile: RobotProfile, seed: int, windows: int | None = None):
-    """(index, state after the window, steps to the next window) of the protocol run for ``seed``."""
+def disturbances(config: RobotConfig, policy, profile: RobotProfile, seed: int,
+                 windows: int | None = None) -> list[Recovery]:
+    """The first ``windows`` (None = all) recoveries of the protocol run for ``seed``: hand-over state and length."""
     result = evaluate_seed(build_controller(config, policy), config, seed, profile=profile)
-    traj, spans = result.trajectory, result.windows
-    for i, (_, end) in enumerate(spans[:windows]):
-        k = int(round(end / DT))
-        k_next = int(round(spans[i + 1][0] / DT)) if i + 1 < len(spans) else len(traj.t) - 1
-        yield i, traj.x[k], k_next - k
+    return disturbance_recoveries(result, DoublePendulum(config.plant))[:windows]
 
 
 def measure(config: RobotConfig, policy, profile: RobotProfile, seeds: list[int], windows: int | None = None,
@@ -74,15 +71,16 @@ def measure(config: RobotConfig, policy, profile: RobotProfile, seeds: list[int]
     half = 0.5 / config.dither.frequency
     rows = []
     for seed in seeds:
-        for i, x0, steps in disturbances(robot_config, policy, profile, seed, windows):
-            robot_seed = seed * 100 + i
+        for recovery in disturbances(robot_config, policy, profile, seed, windows):
+            x0, steps = np.array(recovery.handover_state), int(round(recovery.length / DT))
+            robot_seed = seed * 100 + recovery.index
             row = [time_above(robot_config, policy, profile, robot_seed, x0, steps, 0.0),
                    time_above(robot_config, policy, profile, robot_seed, x0, steps, half),
                    time_above(robot_config, policy, profile, robot_seed + OTHER_NOISE, x0, steps, 0.0),
                    *predicted(model, policy, x0)]
             rows.append(row)
             if verbose:
-                print(seed, i, " ".join(f"{v:.2f}" for v in row), flush=True)
+                print(seed, recovery.index, " ".join(f"{v:.2f}" for v in row), flush=True)
     return np.array(rows)
 
 

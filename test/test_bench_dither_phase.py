@@ -33,8 +33,9 @@ def test_one_disturbance_measured_on_the_design_robot():
     profile = load_robot_profile(ROOT / "config" / "design_robots" / "acrobot_exploration_identified.yaml")
     rows = bench.measure(config, policy, profile, [200], windows=1)
     assert rows.shape == (1, 5)
-    (_, x0, steps), = bench.disturbances(bench.with_selection(config, 1), policy, profile, 200, windows=1)
-    assert 0.0 <= rows[0, :3].min() and rows[0, :3].max() <= steps * 0.002
+    (recovery,) = bench.disturbances(bench.with_selection(config, 1), policy, profile, 200, windows=1)
+    x0, steps = np.array(recovery.handover_state), int(round(recovery.length / 0.002))
+    assert 0.0 <= rows[0, :3].min() and rows[0, :3].max() <= recovery.length
     robot_config = bench.with_selection(config, 1)
     assert rows[0, 0] == bench.time_above(robot_config, policy, profile, 20000, x0, steps, 0.0)   # reproducible
     assert rows[0, 3:].tolist() == pytest.approx(bench.predicted(bench.with_selection(config, 2), policy, x0))
