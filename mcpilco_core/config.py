@@ -530,6 +530,20 @@ class SelectionConfig:
         return bool(self.bank) or self.dither_phases > 1
 
 
+@dataclass(frozen=True)
+class ObserverConfig:
+    """Opt-in: the supervisor acts on a filtered state (control/observer.py says why and how). Off by default: the
+    measured state as it comes. Units: rad, rad/s, rad/s^2."""
+
+    enabled: bool = setting("filter the measured state before the controller acts on it (off: as measured)", False)
+    process_noise: float = setting("rad/s^2, std of what the plant's prediction gets wrong in the acceleration "
+                                   "(smaller = a smoother, slower estimate)", 10.0, positive=True, high=1e6)
+    position_noise: float = setting("rad, std of the angle readings' noise", 1e-4, positive=True, high=1.0)
+    velocity_noise: float = setting("rad/s, std of the velocity readings' noise", 0.05, positive=True, high=100.0)
+    motor_responsiveness: float = setting("r of the motor's lag u += r (u_cmd - u) per control period, in the "
+                                          "prediction (1 = none)", 1.0, positive=True, high=1.0)
+
+
 PASSIVE_COMPENSATION_MAX = 0.5  # N m: RealAIGym's hardware stage allowed this much on the passive joint
 
 
@@ -602,6 +616,7 @@ class RobotConfig(RobotJoints):
     dither: BalanceDitherConfig = section(BalanceDitherConfig)
     catch: CatchConfig = section(CatchConfig)
     selection: SelectionConfig = section(SelectionConfig)
+    observer: ObserverConfig = section(ObserverConfig)
     source: str | None = None
 
     @property
@@ -626,6 +641,8 @@ class RobotConfig(RobotJoints):
             data.pop("catch")
         if not self.selection.enabled:                  # off: likewise
             data.pop("selection")
+        if not self.observer.enabled:                   # off: likewise
+            data.pop("observer")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -691,6 +708,7 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
                        dither=dither, catch=catch, selection=selection,
+                       observer=_section(reader, "observer", ObserverConfig),
                        source=str(source) if source is not None else None, **values)
 
 

@@ -361,6 +361,7 @@ class ControllerNode(ConfiguredNode):
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
                   "friction_compensation": self.config.friction_compensation.enabled,
+                  "observer": self.config.observer.enabled,
                   "catch": catch.enabled, "catching": self.supervisor.catching,
                   "selection": selection is not None, "selected_candidate": self.supervisor.selected,
                   "selected_dither_offset_s": self.supervisor.dither_offset,

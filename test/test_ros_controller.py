@@ -318,3 +318,14 @@ def test_diagnostics_warn_when_a_share_of_a_selection_outlasts_the_control_perio
                  and level(st) == (WARN if selection else OK), what="diagnostics with the selection's state")
         if selection:
             assert "selection.lead" in peer.last_status("controller").message
+
+
+@pytest.mark.parametrize("observer", [False, True])
+def test_diagnostics_say_whether_the_state_observer_is_on(observer):
+    """The opt-in state observer (observer.enabled) is a ROS parameter like any robot setting, and the diagnostics
+    say whether the controller acts on filtered states."""
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, **({"observer.enabled": True} if observer else {}))
+        assert controller.config.observer.enabled is observer
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["observer"] == str(observer), what="diagnostics with the observer's state")

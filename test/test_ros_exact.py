@@ -122,3 +122,15 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_dither_phase_chosen(tmp_
     assert sum(offset != 0.0 and mode == "lqr" for offset, mode in offsets) >= 100   # the other phase shook
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_state_observer(tmp_path):
+    """The same with config/acrobot_dither_observer.yaml: the observer's estimate (restarted after each disturbance
+    window, which the controller node does not see) is the same in the controller node as in the evaluator, so the
+    filtered torques are equal step for step."""
+    filtered = []
+    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_dither_observer.yaml", "acrobot_hardware_proxy.npz",
+                                         tmp_path, lambda supervisor: filtered.append(supervisor.mode))
+    assert config.observer.enabled and filtered.count("lqr") >= 100
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)

@@ -15,6 +15,9 @@ Priority, evaluated at every state (500 Hz):
                  simulating each on the config's plant (control/selection.py).
 5. ``idle``    - no policy loaded: zero torque outside the LQR's region of attraction.
 
+With the robot config's opt-in ``observer`` every mode acts on the filtered state (control/observer.py), not the
+measured one.
+
 x~ is the state with multi-turn angles wrapped (q1 around pi, q2 around 0); the policy sees sin/cos only.
 The passive joint's torque is exactly 0.0 in every mode, and the actuated one is clipped to its limit -- unless
 the robot config turns on the opt-in ``friction_compensation``: then in the policy, LQR and damping modes the
@@ -29,10 +32,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..config import RobotConfig, SelectionConfig
+from ..config import ObserverConfig, RobotConfig, SelectionConfig
 from ..plant import DoublePendulum, wrap_state
 from .catch import build_catch
 from .lqr import LqrDesign
+from .observer import StateObserver
 from .selection import PolicySelection
 
 MODES = ("policy", "lqr", "damping", "safe", "idle")
@@ -57,10 +61,13 @@ class Supervisor:
         self._limit = config.torque_limit
         self._k_row = design.K[self._act].copy()
         self._catch = build_catch(DoublePendulum(config.plant), design, config)
+        self._observer = (StateObserver(DoublePendulum(config.plant), config.observer, config.control_period)
+                          if config.observer.enabled else None)
         self._candidates: list[Policy | None] = [policy, *bank]
         self._selection = None
         if config.selection.enabled:
-            shadow = Supervisor(replace(config, selection=SelectionConfig()), design, rho)
+            # the candidates' simulations see the model's exact states: no selection inside, nothing to filter
+            shadow = Supervisor(replace(config, selection=SelectionConfig(), observer=ObserverConfig()), design, rho)
             model = DoublePendulum(config.selection.plant or config.plant)   # what the candidates are simulated on
             self._selection = PolicySelection(shadow, model, config.selection, config.control_period,
                                               config.torque_limits)
@@ -114,6 +121,9 @@ class Supervisor:
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
         self._last_t = -math.inf
+        self._command = np.zeros(2)
+        if self._observer is not None:
+            self._observer.reset()
         self._select_candidate(0)          # the loaded policy, the dither's configured phase
         if self._selection is not None:
             self._selection.reset()
@@ -149,6 +159,8 @@ class Supervisor:
         if x.shape != (4,) or not np.isfinite(x).all() or not math.isfinite(t):
             self._enter_safe()
             return u
+        if self._observer is not None:
+            x = self._observer.update(x, float(t), self._command)
         if self._selection is not None:
             self._select(x, float(t))
         u_act = self._actuated_torque(x, float(t))
@@ -157,6 +169,7 @@ class Supervisor:
             self._enter_safe()
         elif self._mode != "idle":       # opt-in, off by default: then the passive joint gets exactly 0
             u[1 - self._act] = self.config.friction_compensation.torque(x[3 - self._act])
+        self._command = u.copy()
         return u
 
     @property
@@ -194,6 +207,9 @@ class Supervisor:
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:
         self._leave_catch()
+        self._command = np.zeros(2)
+        if self._observer is not None:
+            self._observer.reset()
         self._mode = "safe"
         self._damping = False
         self._in_lqr = False
