@@ -415,6 +415,9 @@ class LqrConfig:
     Q_diag: tuple[float, float, float, float] = setting(
         "LQR state weights of q1, q2 (1/rad^2), dq1, dq2 (s^2/rad^2)", (0.97, 0.93, 0.39, 0.26), low=0.0, high=1e6)
     R: float = setting("LQR torque weight, 1/(N m)^2", 0.11, positive=True, high=1e6)
+    gain_scale: tuple[float, float, float, float] = setting(
+        "factors on the LQR's gains of q1, q2, dq1, dq2 (1 = the Riccati solution's; other values e.g. tuned for the "
+        "catch on a design robot)", (1.0, 1.0, 1.0, 1.0), positive=True, high=10.0)
 
 
 @dataclass(frozen=True)
@@ -633,6 +636,8 @@ class RobotConfig(RobotJoints):
         """A short hash of everything that changes the controller's behaviour (for caches)."""
         data = asdict(self)
         data.pop("source", None)
+        if tuple(self.lqr.gain_scale) == (1.0, 1.0, 1.0, 1.0):   # the Riccati gains: as before the option existed
+            data["lqr"].pop("gain_scale")
         if not self.friction_compensation.enabled:      # off: the same controller as before the option existed
             data.pop("friction_compensation")
         if self.dither.amplitude <= 0.0:                # off: likewise

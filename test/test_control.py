@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mcpilco_core.control import build_controller, design_lqr, load_controller
+from mcpilco_core.control import Supervisor, build_controller, design_lqr, load_controller
 from mcpilco_core.control.roa import estimate_roa, region_of_attraction, sample_sublevel_states, simulate_lqr
 from mcpilco_core.plant import GOAL, DoublePendulum, wrap_state
 from mcpilco_core.simulation import Simulator
@@ -267,3 +267,41 @@ def test_every_shipped_robot_config_finds_its_cached_roa(repo):
     for path in robot_files:
         cached = json.loads(path.with_name(path.stem + ".roa.json").read_text())["fingerprint"]
         assert _cache_key(load_robot_config(path)) == cached, path.name
+
+
+def test_lqr_gain_scale_scales_the_feedback_only(repo, tmp_path):
+    """lqr.gain_scale multiplies the Riccati gains column by column; S (where the supervisor switches) and the passive
+    joint's zero row stay; all ones is the unscaled design with the same fingerprint; bad values name the field."""
+    import yaml
+
+    from mcpilco_core.config import ConfigError, load_robot_config
+    from mcpilco_core.control import configured_lqr
+
+    def with_scale(scale):
+        data = yaml.safe_load((repo / "config" / "acrobot.yaml").read_text())
+        params = data["/**"]["ros__parameters"]
+        params["plant_models_file"] = str(repo / "config" / "plant_models.yaml")
+        params["lqr"]["gain_scale"] = scale
+        path = tmp_path / "acrobot.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return load_robot_config(path)
+
+    shipped = load_robot_config(repo / "config" / "acrobot.yaml")
+    plant = DoublePendulum(shipped.plant)
+    plain = configured_lqr(plant, shipped)
+    assert with_scale([1.0, 1.0, 1.0, 1.0]).fingerprint() == shipped.fingerprint()
+    scaled_config = with_scale([1.1, 0.9, 1.0, 2.0])
+    assert scaled_config.fingerprint() != shipped.fingerprint()
+    scaled = configured_lqr(plant, scaled_config)
+    np.testing.assert_array_equal(scaled.K, plain.K * np.array([1.1, 0.9, 1.0, 2.0]))
+    np.testing.assert_array_equal(scaled.S, plain.S)
+    assert np.all(scaled.K[scaled_config.passive_joint] == 0.0)
+    near = np.array([math.pi + 0.01, -0.02, 0.03, 0.04])
+    supervisor = Supervisor(scaled_config, scaled, 1.0)
+    u = supervisor.step(near, 0.0)
+    assert supervisor.mode == "lqr"
+    assert u[1] == pytest.approx(-float(scaled.K[1] @ (wrap_state(near) - GOAL)), abs=1e-12) and u[0] == 0.0
+    for bad, words in (([1.0, 1.0, 0.0, 1.0], "must be positive"), ([1.0, 1.0, 1.0], "4")):
+        with pytest.raises(ConfigError, match=r"lqr\.gain_scale") as info:
+            with_scale(bad)
+        assert words in str(info.value)

@@ -11,11 +11,11 @@ from pathlib import Path
 from ..config import ConfigError, RobotConfig, load_robot_config
 from ..plant import DoublePendulum
 from ..policy import SumOfGaussiansPolicy, check_period, load_policy
-from .lqr import LqrDesign, design_lqr
+from .lqr import LqrDesign, configured_lqr, design_lqr
 from .roa import RoaEstimate, region_of_attraction
 from .supervisor import MODES, Supervisor
 
-__all__ = ["LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "design_lqr",
+__all__ = ["LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "configured_lqr", "design_lqr",
            "load_bank", "load_controller", "region_of_attraction"]
 
 
@@ -23,7 +23,7 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
                      use_roa_cache: bool = True) -> Supervisor:
     """The supervisor for ``config``: LQR + ROA + damping, and the swing-up ``policy`` when given."""
     plant = DoublePendulum(config.plant)
-    design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+    design = configured_lqr(plant, config)
     roa = region_of_attraction(config, plant, design, use_cache=use_roa_cache)
     if policy is not None and policy.robot != config.robot:
         raise ValueError(f"policy is for the {policy.robot}, the configuration for the {config.robot}")

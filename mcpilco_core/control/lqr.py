@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.linalg import solve_continuous_are
 
+from ..config import RobotConfig
 from ..plant import GOAL, DoublePendulum
 
 
@@ -40,3 +41,15 @@ def design_lqr(plant: DoublePendulum, actuated_joint: int, q_diag: tuple[float, 
     k = np.zeros((2, 4))
     k[actuated_joint] = k_act[0]
     return LqrDesign(K=k, S=s, actuated_joint=actuated_joint, goal=GOAL.copy())
+
+
+def configured_lqr(plant: DoublePendulum, config: RobotConfig) -> LqrDesign:
+    """The robot config's LQR: the Riccati design of its weights, its gains times ``lqr.gain_scale``.
+
+    S (the cost-to-go that places the switching) stays the Riccati solution's, so a scaled design switches where the
+    unscaled one does; only the feedback changes."""
+    design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+    scale = np.asarray(config.lqr.gain_scale, dtype=np.float64)
+    if np.all(scale == 1.0):
+        return design
+    return replace(design, K=design.K * scale[np.newaxis, :])

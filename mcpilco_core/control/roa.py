@@ -31,6 +31,7 @@ from ..config import (
     BalanceDitherConfig,
     CatchConfig,
     FrictionCompensationConfig,
+    ObserverConfig,
     RoaConfig,
     RobotConfig,
     SelectionConfig,
@@ -112,14 +113,14 @@ def estimate_roa(plant: DoublePendulum, design: LqrDesign, torque_limit: float, 
 
 def _cache_key(config: RobotConfig) -> str:
     """Fingerprint of the config without what does not change rho: the switching fractions, the policy bound, the
-    passive-joint friction compensation, the balance dither, the catch and the policy selection (the estimate simulates
-    the LQR alone on the config's plant)."""
+    passive-joint friction compensation, the balance dither, the catch, the policy selection and the state observer (the
+    estimate simulates the LQR alone on the config's plant, with exact states)."""
     from dataclasses import replace
 
     neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction)
     return replace(config, roa=neutral, u_max=RobotConfig.u_max,
                    friction_compensation=FrictionCompensationConfig(), dither=BalanceDitherConfig(),
-                   catch=CatchConfig(), selection=SelectionConfig()).fingerprint()
+                   catch=CatchConfig(), selection=SelectionConfig(), observer=ObserverConfig()).fingerprint()
 
 
 def cache_paths(config: RobotConfig) -> list[Path]:
