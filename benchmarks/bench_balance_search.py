@@ -16,7 +16,8 @@ gains 0.4-2.8 % off the Riccati ones that catch more of them on the friction des
 The judge must be a robot like yours in its sensors and motors too: a design robot identified at the state rate
 (``mcpilco identify RUN --trials 0 --write``: friction, rotor inertia, delay, lag and noise). Tuned on the pendubot's
 older design robot (the prior with the identified friction, ideal sensors), the pendubot's balance scored +0.2 there and
-0.26 instead of 0.67 on the hardware proxy.
+0.26 instead of 0.67 on the hardware proxy. And a small gain on the design robot is not evidence: on ``perturbed:0``
+the pendubot's search gained +0.02 on that robot's design robot and lost 0.05 on the robot. Check on the robot itself.
 
 Each step draws one candidate around the best so far (normal steps of ``--sigma`` on each log-factor, 0.3 Hz on the
 frequency), keeps it when it scores at least as well, and widens the steps by 1.2 after a success or narrows them by
