@@ -52,7 +52,8 @@ def test_a_few_send_errors_are_counted_and_the_loop_goes_on(make_rig: Callable[.
     wait_for(lambda: len(rig.samples) > n + 10 and rig.samples[-1].fresh)      # the loop lives on
     assert rig.runner.is_alive() and rig.runner.error is None
     assert rig.driver.stats.can_timeouts >= 3
-    assert rig.driver.safety.state not in (SafetyState.FAULT, SafetyState.STOPPED)   # 3 < max_consecutive_timeouts
+    assert rig.driver.safety.state not in (SafetyState.FAULT, SafetyState.STOPPED), \
+        rig.driver.safety.reason                         # 3 < max_consecutive_timeouts; say what latched it if not
 
 
 @pytest.mark.parametrize("kind", CanSendFaults.KINDS)
