@@ -84,6 +84,8 @@ class MoteusDriverNode(ConfiguredNode):
                          diagnostics_timer=False, **kwargs)
         self.refused_commands = 0
         self.nonfinite_states = 0       # samples with a NaN/inf reading: never published (the driver stops both)
+        self.stale_states = 0           # cycles without a reply (CAN timeout or error): not published, so the
+                                        # controller's watchdog and the bag see the gap
         self._last_diagnostics = 0.0
         self.state_pub = self.create_publisher(JointState, "joint_states", CONTROL_QOS)
         self.create_subscription(JointState, "joint_commands", self._on_command, CONTROL_QOS)
@@ -142,7 +144,9 @@ class MoteusDriverNode(ConfiguredNode):
         if in_window or self._previous_in_window:   # the window's torque acts after or before this measurement
             msg.header.frame_id = RESET_FRAME
         self._previous_in_window = in_window
-        if all(math.isfinite(v) for v in (*sample.q, *sample.dq, *sample.tau)):
+        if not sample.fresh:   # no reply this cycle: the last readings, not a measurement; never re-stamped as one
+            self.stale_states += 1
+        elif all(math.isfinite(v) for v in (*sample.q, *sample.dq, *sample.tau)):
             self.state_pub.publish(msg)
         else:  # never NaN on joint_states; the safety supervisor latched a fault, diagnostics say which reading
             self.nonfinite_states += 1
@@ -155,7 +159,7 @@ class MoteusDriverNode(ConfiguredNode):
         decision, loop = sample.decision, self.driver.stats.summary()
         level = {SafetyState.ACTIVE: OK, SafetyState.WAITING: OK, SafetyState.FAULT: ERROR}.get(decision.state, WARN)
         values = {"state": decision.state.value, "reason": decision.reason, "refused_commands": self.refused_commands,
-                  "nonfinite_states": self.nonfinite_states,
+                  "nonfinite_states": self.nonfinite_states, "stale_states": self.stale_states,
                   "clamped_commands": self.driver.safety.clamped_commands, "rate_target_hz": self.config.rate,
                   "friction_compensation_limit": self.config.friction_compensation_limit}
         values.update(self.driver.disturbance.summary())

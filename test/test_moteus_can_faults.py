@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 from test_moteus_driver import Rig, virtual_config, wait_for
@@ -136,3 +137,37 @@ def test_a_nan_reading_never_passes_the_limits(what: str) -> None:
     decision = supervisor.update(0.001, q, dq, [10, 0], [0, 0])
     assert decision.stop and decision.torques == (0.0, 0.0) and decision.state is SafetyState.FAULT
     assert f"non-finite shoulder {what}" in decision.reason
+
+
+class OneSilentController:
+    """A transport that returns whatever replies arrived (as a pi3hat router does): after startup the elbow's
+    controller (id 2) stops answering, the shoulder's goes on."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def cycle(self, commands):  # noqa: ANN001, ANN201 - moteus.Command list -> replies
+        import moteus
+
+        self.calls += 1
+        values = {moteus.Register.MODE: 0, moteus.Register.POSITION: 0.01 * self.calls, moteus.Register.VELOCITY: 0.0,
+                  moteus.Register.TORQUE: 0.0, moteus.Register.FAULT: 0}
+        return [SimpleNamespace(id=c.destination, values=dict(values)) for c in commands
+                if c.destination == 1 or self.calls <= 2]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_reply_missing_from_one_controller_is_a_failed_cycle() -> None:
+    driver = MoteusDriver(virtual_config(max_timeouts=3), transport=OneSilentController())
+
+    async def scenario() -> list:
+        await driver.start()
+        return [await driver.cycle() for _ in range(4)]
+
+    samples = asyncio.run(scenario())
+    assert not any(s.fresh for s in samples)                    # never taken for a measurement
+    assert [m.replied for m in driver.motors] == [True, False]
+    assert driver.stats.can_timeouts == 4 and driver.safety.state is SafetyState.FAULT
+    assert "reply missing from id 2" in driver.safety.reason

@@ -154,6 +154,11 @@ def test_disturbance_settings_are_validated_and_documented(tmp_path):
                            ({"gain": 1.0}, "disturbance.gain")):
         with pytest.raises(ConfigError, match=words):
             driver_config_from_mapping({**params, "disturbance": section}, "driver.yaml")
+    bring_up = {"robot": "pendubot", "joints": {"shoulder": {"can_id": 1, "torque_limit": 1.0},
+                                                "elbow": {"can_id": 2}}}
+    with pytest.raises(ConfigError, match="disturbance.torque_limit.*above the torque_limit of the actuated joint"):
+        driver_config_from_mapping({**bring_up, "disturbance": {"torque_limit": 3.0}}, "driver.yaml")
+    assert driver_config_from_mapping({**bring_up, "disturbance": {"torque_limit": 1.0}}).disturbance.torque_limit == 1
     off = virtual_config(disturbance=DisturbanceConfig(torque_limit=0.0))
     from mcpilco_core.hardware.driver import MoteusDriver
 
@@ -229,3 +234,19 @@ def test_node_offers_disturb_marks_joint_states_and_names_the_window_in_diagnost
     # one block: the window's 100 cycles and the state after them (measured under the window's last torque)
     assert len(marked) == 101 and marked == list(range(marked[0], marked[0] + 101))
     assert set(frames) == {"", RESET_FRAME}
+
+
+def test_the_window_never_exceeds_the_actuated_joints_own_limit(started_rig):
+    """A config built around the validation (a bring-up limit of 1 N m on the shoulder, 6 N m windows): the window's
+    torque on the actuated joint, and the moteus maximum_torque sent with it, still stop at the joint's 1 N m."""
+    config = disturbance_config("pendubot", limit=6.0)
+    shoulder = dataclasses.replace(config.joints[0], torque_limit=1.0)
+    rig = started_rig(dataclasses.replace(config, joints=(shoulder, config.joints[1])))
+    wait_for(lambda: len(rig.samples) > 10)
+    ok, message = rig.driver.request_disturbance()
+    assert ok, message
+    wait_for(lambda: rig.driver.disturbance.windows[-1]["outcome"] not in ("armed", "running"), timeout=10)
+    torques = np.array([s.decision.torques for s in window_samples(rig)])
+    assert len(torques) > 10 and np.abs(torques[:, 0]).max() == pytest.approx(1.0)   # saturated at the joint's
+    assert np.abs(torques[:, 1]).max() > 1.0                                          # the passive motor: 6 N m
+    assert rig.driver.disturbance.limits == (1.0, 6.0)

@@ -61,3 +61,26 @@ def test_nan_command_is_refused_with_zero_torque_and_a_nan_reading_stops_both(tm
         assert all(math.isfinite(v) for m in probe.states for v in (*m.position, *m.velocity, *m.effort))
         probe.command((1.5, 0.0))
         assert shoulder.mode == 0                           # latched fault
+
+
+@pytest.mark.timeout(40)
+def test_cycles_without_a_reply_are_not_published_as_measurements(tmp_path: Path) -> None:
+    """A silent bus (cable pulled) leaves the driver with its last readings: they must not go out on joint_states
+    with new stamps (the controller's watchdog and the trial bag must see the gap); diagnostics count them."""
+    channel = f"node-{uuid.uuid4().hex}"
+    path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
+                                            f"{channel}\n      can_timeout: 0.02\n      max_consecutive_timeouts: 1\n",
+                       watchdog=0.5)
+    bus = robot_bus(load_driver_config(path))
+    with driver_node_in_process(path, bus, channel) as (node, probe):
+        wait_for(lambda: len(probe.states) > 5, what="joint_states")
+        for motor in (bus.motor(1), bus.motor(2)):
+            motor.silent = True                            # no replies any more
+        wait_for(lambda: node.stale_states > 10, what="stale cycles counted")
+        n = len(probe.states)
+        wait_for(lambda: node.stale_states > 30, what="more stale cycles")
+        assert len(probe.states) <= n + 1                  # at most one message already in flight
+        assert node.driver.safety.state.value == "fault"
+        wait_for(lambda: (st := loop_status(probe)) is not None and st.values and
+                 any(kv.key == "stale_states" and int(kv.value) > 0 for kv in st.values),
+                 what="diagnostics counting the stale cycles")

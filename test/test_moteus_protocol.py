@@ -79,7 +79,7 @@ def test_emulator_position_defaults_and_latches() -> None:
     assert motor.output_torque() == pytest.approx(-motor.params.kp * 0.5)
     motor.check_watchdog(now=0.05)
     assert motor.mode == 10
-    motor.check_watchdog(now=0.2)            # default watchdog 0.1 s (NaN sent)
+    motor.check_watchdog(now=0.2)            # none sent: register 0x027 is 0 = the configured default, 0.1 s
     assert motor.mode == 11 and motor.output_torque() == pytest.approx(0.0)
     motor.process(torque_command(moteus.Controller(id=1), 1.0, 6.0, 0.05).data, True, now=0.3)
     assert motor.mode == 11                   # latched until a stop
@@ -88,6 +88,18 @@ def test_emulator_position_defaults_and_latches() -> None:
     motor.inject_fault(33)
     reply = protocol.parse_reply(motor.process(query_command(moteus.Controller(id=1)).data, True, now=0.5))
     assert reply[moteus.Register.MODE] == 1 and reply[moteus.Register.FAULT] == 33
+
+
+@pytest.mark.parametrize("timeout, mode_after_1s", [(math.nan, 10), (0.0, 11), (0.5, 11), (2.0, 10)])
+def test_emulator_watchdog_register_semantics(timeout: float, mode_after_1s: int) -> None:
+    """moteus reference, register 0x027: 0 (the default) = the configured servo.default_timeout_s, NaN = no enforced
+    timeout. A test against an emulator with them swapped would pass where the real firmware never times out."""
+    motor = EmulatedMotor(1)
+    command = moteus.Controller(id=1).make_position(position=math.nan, watchdog_timeout=timeout, query=False)
+    motor.process(command.data, False, now=0.0)
+    assert motor.mode == 10
+    motor.check_watchdog(now=1.0)
+    assert motor.mode == mode_after_1s
 
 
 def test_decode_request_handles_long_form_and_int_resolutions() -> None:

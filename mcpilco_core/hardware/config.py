@@ -55,6 +55,8 @@ class TransportConfig:
     pi3hat_bus: int = setting("pi3hat CAN bus of both controllers", 1, low=1, high=5)
     disable_brs: bool = setting("turn CAN-FD bit-rate switching off (long or noisy cables)", False)
     can_timeout: float = setting("s, bound of every transport call (asyncio.wait_for)", 0.02, low=1e-4, high=1.0)
+    # Above 1, a reply that comes after its call timed out can be taken for a later call's (moteus replies carry no
+    # sequence number): that cycle then reports readings one call old as fresh. 1 (the default) stops first.
     max_consecutive_timeouts: int = setting("CAN calls in a row that may time out before both motors stop", 1,
                                             low=1, high=1000)
 
@@ -177,9 +179,14 @@ def driver_config_from_mapping(params: Mapping[str, Any], source: str | Path | N
         raise ConfigError(source, "joints.elbow.can_id", f"same CAN id as the shoulder ({joints[0].can_id})")
     if values["watchdog_timeout"] < 2.0 / values["rate"]:
         raise ConfigError(source, "watchdog_timeout", f"must cover at least two cycles ({2.0 / values['rate']:.4f} s)")
+    disturbance = _disturbance(reader.sub("disturbance"))
+    actuated = joints[ACTUATED_JOINT[robot]]
+    if disturbance.torque_limit > actuated.torque_limit:   # the window drives the actuated motor too
+        raise ConfigError(source, "disturbance.torque_limit",
+                          f"{disturbance.torque_limit} N m is above the torque_limit of the actuated joint "
+                          f"'{actuated.name}' ({actuated.torque_limit} N m): lower it to at most that")
     return DriverConfig(joints=joints, transport=_transport(reader.sub("transport")),  # type: ignore[arg-type]
-                        disturbance=_disturbance(reader.sub("disturbance")),
-                        source=str(source) if source is not None else None, **values)
+                        disturbance=disturbance, source=str(source) if source is not None else None, **values)
 
 
 def _disturbance(reader: ConfigReader) -> DisturbanceConfig:

@@ -5,7 +5,8 @@
 100 cycles at 500 Hz), both motors get ``mcpilco_core.evaluation.DisturbanceWindow``'s torque (PID Kp 10, Ki 0.1,
 Kd 1 with its 1 ms dt and a fresh error history, plus gravity compensation from ``disturbance.plant_model``)
 towards a random target (``DisturbanceTargets(disturbance.seed)``: window n uses the n-th draw), computed from the
-measured joint state and clipped to ``disturbance.torque_limit`` on both joints.
+measured joint state and clipped to ``disturbance.torque_limit`` on both joints, and on the actuated joint also to its
+own ``torque_limit`` (a bring-up limit below the window's holds in the window too).
 
 The safety supervisor still decides first, every cycle: a latched stop or fault (``~/stop``, a controller fault,
 a CAN timeout, a NaN reading) stops both motors and ends the window; a velocity or position limit ends the
@@ -50,6 +51,10 @@ class DisturbanceWindows:
     def __init__(self, config: DriverConfig, plant: DoublePendulum | None = None) -> None:
         settings = config.disturbance
         self.limit = float(settings.torque_limit)
+        act = config.actuated_joint
+        # N m per joint in a window: the window's limit, and never above the actuated joint's own limit
+        self.limits = tuple(min(self.limit, joint.torque_limit) if i == act else self.limit
+                            for i, joint in enumerate(config.joints))
         self.dt = config.period
         self.plant = plant or DoublePendulum(load_plant_parameters(plant_models_file(), settings.plant_model))
         self.targets = DisturbanceTargets(settings.seed)
@@ -96,7 +101,7 @@ class DisturbanceWindows:
                 return self._end("completed")
             if not all(math.isfinite(float(v)) for v in u):
                 return self._end("aborted: non-finite window torque")
-            torques = (_clip(float(u[0]), self.limit), _clip(float(u[1]), self.limit))
+            torques = (_clip(float(u[0]), self.limits[0]), _clip(float(u[1]), self.limits[1]))
             step = DisturbanceStep(record["index"], (record["target"][0], record["target"][1]), self._cycle, torques)
             self._cycle += 1
             record["cycles"] = self._cycle

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +163,7 @@ class MoteusDriver:
             except CAN_ERRORS as exc:  # timeouts and send errors alike: try again
                 self.last_can_error = f"{type(exc).__name__}: {exc}"
                 continue
-            if self._store_replies(results):
+            if self._store_replies(results, (self.controllers[index].id,)):
                 return True
         return False
 
@@ -256,10 +256,10 @@ class MoteusDriver:
             if not self._stop_sent:
                 return [stop_command(c) for c in self.controllers], True
             return [query_command(c) for c in self.controllers], False
-        if window is not None:   # both motors, bounded by the disturbance torque limit
-            limit = self.disturbance.limit
+        if window is not None:   # both motors, bounded by the disturbance torque limits (per joint)
             return [torque_command(c, units.motor_torque(j, tau), limit / j.gear_ratio, self.config.watchdog_timeout)
-                    for c, j, tau in zip(self.controllers, self.config.joints, window.torques)], False
+                    for c, j, tau, limit in zip(self.controllers, self.config.joints, window.torques,
+                                                self.disturbance.limits)], False
         act = self.config.actuated_joint
         joint = self.config.joints[act]
         commands = [query_command(c) for c in self.controllers]
@@ -288,7 +288,7 @@ class MoteusDriver:
             self.stats.can_errors += 1
             return self._timed_out(self.last_can_error, "CAN error")
         self.stats.round_trip(time.perf_counter() - t0)
-        replied = self._store_replies(results)
+        replied = self._store_replies(results, [c.id for c in self.controllers])
         if not replied:
             return self._timed_out("reply missing from " + ", ".join(
                 f"id {m.can_id}" for m in self.motors if not m.replied))
@@ -305,14 +305,17 @@ class MoteusDriver:
                                      f"({self._consecutive_timeouts} in a row): {what}")
         return False
 
-    def _store_replies(self, results: Sequence[Any]) -> bool:
-        """Copy replies into :attr:`motors`; True when every controller addressed this time replied."""
+    def _store_replies(self, results: Sequence[Any], addressed: Collection[int]) -> bool:
+        """Copy replies into :attr:`motors`; True when every controller addressed this time (CAN ids) replied.
+
+        Why by id: a transport that returns whatever arrived in time (a pi3hat router does) may bring one reply of
+        two; counting that as a good cycle would freeze the silent motor's mode, fault and position unseen."""
         by_id = {getattr(r, "id", None): r for r in results if hasattr(r, "values")}
         for motor in self.motors:
             motor.replied = motor.can_id in by_id
             if motor.replied:
                 update_motor(motor, by_id[motor.can_id].values)
-        return all(m.replied for m in self.motors) if len(results) >= len(self.motors) else bool(by_id)
+        return all(can_id in by_id for can_id in addressed)
 
     # ------------------------------------------------------------------ the periodic loop
     async def run(self, stop_event: asyncio.Event, on_sample: Callable[[DriverSample], None] | None = None) -> None:

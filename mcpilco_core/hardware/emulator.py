@@ -11,7 +11,8 @@ length with 0x50). Behaviour modelled, per controller:
   the controller's configuration) and then applies the written ones;
 - torque = kp kp_scale (p_cmd - p) + kd kd_scale (v_cmd - v) + feed-forward, clipped to the maximum torque
   (no position term when p_cmd is NaN);
-- the watchdog: no command for ``watchdog_timeout`` s (NaN = the configured default, 0 = off) -> mode 11,
+- the watchdog: no command for ``watchdog_timeout`` s (0, the register's default = the configured default;
+  NaN = no timeout: moteus reference, register 0x027) -> mode 11,
   latched until a stop; while latched (mode 11 or fault mode 1) position commands are ignored;
 - fault injection (mode 1 + fault code), dropped replies, late replies.
 
@@ -74,7 +75,7 @@ READ_ERROR = 0x31
 CAN_FD_LENGTHS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32, 48, 64)
 COMMAND_DEFAULTS = {CMD_POSITION: 0.0, CMD_VELOCITY: 0.0, CMD_FF_TORQUE: 0.0, CMD_KP_SCALE: 1.0,
                     CMD_KD_SCALE: 1.0, CMD_MAX_TORQUE: math.nan, CMD_STOP_POSITION: math.nan,
-                    CMD_TIMEOUT: math.nan}
+                    CMD_TIMEOUT: 0.0}
 ACTIVE_MODES = (10, 12, 13, 15)
 
 
@@ -190,7 +191,7 @@ class MotorParams:
     kp: float = 4.0                 # N m / rev (servo.pid_position.kp)
     kd: float = 0.1                 # N m / (rev/s) (servo.pid_position.kd)
     max_torque: float = 10.0        # N m, hardware torque bound
-    default_timeout: float = 0.1    # s, servo.default_timeout_s (watchdog when the command sends NaN)
+    default_timeout: float = 0.1    # s, servo.default_timeout_s (the watchdog when a command sends 0 or none)
     voltage: float = 24.0           # V bus voltage reported
     temperature: float = 30.0       # deg C board temperature reported
 
@@ -292,7 +293,9 @@ class EmulatedMotor:
         if self.mode not in ACTIVE_MODES:
             return
         timeout = self.commands[CMD_TIMEOUT]
-        if math.isnan(timeout):
+        if math.isnan(timeout):          # NaN (or the integer sentinel): this command has no enforced timeout
+            return
+        if timeout == 0.0:               # 0 (the register's default): the configured servo.default_timeout_s
             timeout = self.params.default_timeout
         if timeout > 0.0 and now - self.last_command_time > timeout:
             self.mode = 11
