@@ -55,7 +55,11 @@ from ._messages import CONTROL_QOS, command_message, stamp_ns, state_from_messag
 from ._ros_utils import ERROR, OK, WARN, ConfiguredNode, ParameterError, ParamSpec, RingStats, run_node
 
 NODE_NAME = "controller_node"
-REFUSAL_REASONS = ("names", "lengths", "nonfinite", "time_backwards")
+REFUSAL_REASONS = ("names", "lengths", "nonfinite", "time_backwards", "time_jump")
+# s: a state stamped this much further ahead than the wall time since the last accepted one is a glitch, not a
+# measurement (accepted, it would make every correct state after it "time_backwards" until the watchdog trips). Above
+# the protocol's hidden reset windows (0.2 s of simulated time stepped at once in lockstep) and any scheduling gap.
+TIME_JUMP_LIMIT = 1.0
 
 CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("policy", "", "swing-up policy: a .npz/.np file, or a directory (its newest *.npz); '' = LQR + "
@@ -286,6 +290,10 @@ class ControllerNode(ConfiguredNode):
         ns = stamp_ns(msg)
         if self._last_stamp_ns is not None and ns < self._last_stamp_ns:
             self._refuse("time_backwards")
+            return
+        if self._last_stamp_ns is not None and (ns - self._last_stamp_ns) * 1e-9 - (rx - self._last_state_rx) > \
+                TIME_JUMP_LIMIT:
+            self._refuse("time_jump")
             return
         self._last_stamp_ns = ns
         if self.states_received:

@@ -120,9 +120,12 @@ def test_bad_messages_are_refused_counted_and_never_commanded():
         peer.pub.publish(joint_state(UPRIGHT, stamp_ns=8_000_000))    # time going backwards
         peer.pub.publish(joint_state(UPRIGHT, stamp_ns=12_000_000, names=("elbow", "shoulder")))  # any order
         wait_for(lambda: sum(controller.refused.values()) == len(BAD_MESSAGES) + 1 and len(answers(peer)) == 2,
-                 what="all messages handled")
-        assert controller.refused == {"names": 3, "lengths": 2, "nonfinite": 2, "time_backwards": 1}
-        assert [m.header.stamp.nanosec for m in answers(peer)] == [10_000_000, 12_000_000]
+                 what="all messages handled")      # (within the subscription's queue depth of 10)
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=3600 * 10**9))  # a glitched stamp an hour ahead: refused...
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=14_000_000))    # ...so the next correct state still counts
+        wait_for(lambda: controller.refused["time_jump"] == 1 and len(answers(peer)) == 3, what="the glitch handled")
+        assert controller.refused == {"names": 3, "lengths": 2, "nonfinite": 2, "time_backwards": 1, "time_jump": 1}
+        assert [m.header.stamp.nanosec for m in answers(peer)] == [10_000_000, 12_000_000, 14_000_000]
         assert all(np.isfinite(m.effort).all() for m in peer.received)
         # the elbow-first message was mapped by name: the elbow (passive) torque is still the zero one
         assert answers(peer)[1].effort[1] == 0.0
