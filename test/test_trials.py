@@ -441,3 +441,26 @@ def test_a_bag_without_usable_states_is_skipped_with_the_reason(tmp_path, pendub
     reasons = {Path(p.path).name: p.reason for p in result.problems}
     assert "0 usable joint_states" in reasons["nan"] and "101 dropped" in reasons["nan"]
     assert "longer than" in reasons["long"] and "3600" in reasons["long"]
+
+
+def test_a_state_without_effort_or_with_a_third_one_does_not_switch_the_trial_to_commanded_torque(
+        tmp_path, pendubot_config):
+    """The applied torque (0.5 N m, the states' effort) differs from the command (1 N m, a motor lag): one state
+    without effort used to switch the whole trial to the commanded torque, silently; it is dropped with a note now,
+    and a state with three efforts is refused as malformed (as the controller node refuses it)."""
+    n = 501
+    x, applied, _, _ = simple_trial(n)
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(n):
+        ns = T0 + k * DT_NS
+        effort = () if k == 105 else (*applied[k], 9.0) if k == 205 else applied[k]
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], effort), ns)
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(1.0, 0.0), frame="policy"), ns + 1000)
+    recorder.write(recording.COMMAND_TOPIC, joint_state(T0 + n * DT_NS, effort=(1.0,), frame="policy"), T0 + n * DT_NS)
+    trial = recording.load_trial(recorder.close(), pendubot_config)
+    assert trial.torque_source == recording.STATE_TOPIC and trial.states is not None
+    np.testing.assert_allclose(trial.u[trial.valid, 0], 0.5)
+    assert "dropped 1 joint_states sample(s) without effort" in " ".join(trial.notes)
+    assert list(np.flatnonzero(~trial.valid)) == [10]         # the interval around the state without effort
+    raw = recording.read_bag(tmp_path / "bag")
+    assert len(raw.state_t) == n - 1 and len(raw.command_t) == n   # the 3-effort state and 1-effort command refused

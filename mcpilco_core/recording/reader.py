@@ -53,8 +53,9 @@ class RawTrial:
     recorded: nothing is dropped or sorted here (:func:`resample` checks the samples).
 
     state_t (n,), q (n, 2) rad, dq (n, 2) rad/s, effort (n, 2) or (0, 2) N m (applied over the step ending at
-    the stamp; (0, 2) when some state carried no effort); command_t (m,), command_u (m, 2) N m, command_mode
-    (m,) supervisor mode names; state_reset (n,) or (0,): the state's ``header.frame_id`` is ``"reset"``
+    the stamp; (0, 2) when most states carried no effort; NaN rows for the few that did not, marked in
+    ``effort_missing`` (n,) and dropped by :func:`resample` with a note); command_t (m,), command_u (m, 2) N m,
+    command_mode (m,) supervisor mode names; state_reset (n,) or (0,): the state's ``header.frame_id`` is ``"reset"``
     (``mcpilco_core.simulation.RESET_FRAME``: measured inside a reset or disturbance window, the passive joint
     torqued by the window's PID just before or after it).
     """
@@ -69,6 +70,7 @@ class RawTrial:
     command_mode: list[str]
     custom: dict[str, str] = field(default_factory=dict)
     state_reset: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    effort_missing: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 @dataclass
@@ -217,6 +219,8 @@ def _decode(path: Path, reader, connections) -> RawTrial:
             states.append((msg.stamp, *row))
         elif len(msg.effort) == 2:
             commands.append((msg.stamp, float(msg.effort[order[0]]), float(msg.effort[order[1]]), msg.frame_id))
+        else:                          # a command without its two torques
+            problems += 1
     if problems:
         LOG.warning("%s: %d malformed message(s) or with other joint names or lengths ignored", path, problems)
     return _raw_from_rows(str(path), states, commands)
@@ -231,7 +235,7 @@ def _joint_order(names: Sequence[str]) -> tuple[int, int] | None:
 
 def _state_row(msg: _JointState, order: tuple[int, int]) -> tuple | None:
     i, j = order
-    if len(msg.position) != 2 or len(msg.velocity) != 2:
+    if len(msg.position) != 2 or len(msg.velocity) != 2 or len(msg.effort) not in (0, 2):
         return None
     has_effort = len(msg.effort) == 2
     effort = (float(msg.effort[i]), float(msg.effort[j])) if has_effort else (math.nan, math.nan)
@@ -242,11 +246,17 @@ def _state_row(msg: _JointState, order: tuple[int, int]) -> tuple | None:
 def _raw_from_rows(path: str, states: list[tuple], commands: list[tuple]) -> RawTrial:
     s = np.array([r[1:] for r in states], dtype=np.float64).reshape(-1, 8)
     t_ns = np.array([r[0] for r in states], dtype=np.int64)
-    effort = s[:, 4:6] if len(s) and s[:, 6].all() else np.zeros((0, 2))
+    has_effort = s[:, 6] > 0.0
+    # the applied torque comes from the states when most carry it (the few that do not are dropped later, with a
+    # note); one state without it must not switch a whole trial to the commanded torque
+    mostly = bool(len(s)) and 2 * int(has_effort.sum()) >= len(s)
+    effort = s[:, 4:6] if mostly else np.zeros((0, 2))
+    missing = ~has_effort if mostly and not has_effort.all() else np.zeros(0, bool)
     c_ns = np.array([r[0] for r in commands], dtype=np.int64)
     cu = np.array([(r[1], r[2]) for r in commands], dtype=np.float64).reshape(-1, 2)
     modes = [r[3] or UNKNOWN_MODE for r in commands]
-    return RawTrial(path, t_ns, s[:, 0:2], s[:, 2:4], effort, c_ns, cu, modes, state_reset=s[:, 7] > 0.0)
+    return RawTrial(path, t_ns, s[:, 0:2], s[:, 2:4], effort, c_ns, cu, modes, state_reset=s[:, 7] > 0.0,
+                    effort_missing=missing)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -337,9 +347,14 @@ def _clean_states(raw: RawTrial, settings: ResampleSettings) -> _CleanStates:
         step = float(np.median(np.diff(stamps)))
         reach = 2.0 * len(keep) * step + 1e9
         keep = keep[np.abs((stamps - np.median(stamps)).astype(np.float64)) <= reach]
-    values_dropped = int(bad.sum())
-    stamps_dropped = n - values_dropped - int(repeat.sum()) - len(keep)
+    missing = raw.effort_missing if len(raw.effort_missing) == n else np.zeros(n, bool)
+    missing_dropped = int((bad & missing).sum())
+    values_dropped = int(bad.sum()) - missing_dropped
+    stamps_dropped = n - values_dropped - missing_dropped - int(repeat.sum()) - len(keep)
     notes = []
+    if missing_dropped:
+        notes.append(f"dropped {missing_dropped} joint_states sample(s) without effort (the others carry the "
+                     "applied torque)")
     if values_dropped:
         notes.append(f"dropped {values_dropped} joint_states sample(s) with non-finite or absurd values "
                      f"(|q| > {settings.max_position:g} rad, |dq| > {settings.max_velocity:g} rad/s or "
