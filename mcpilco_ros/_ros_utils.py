@@ -9,6 +9,7 @@ JointState checks are in ``_messages``. The nodes themselves stay thin translati
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import sys
@@ -374,6 +375,11 @@ def run_node(factory: Callable[[], Node], program: str, args: list[str] | None =
             return 2
         executor = SingleThreadedExecutor()
         executor.add_node(node)
+        # Everything built so far (imports, the node, its policy and config) lives as long as the process: moved out
+        # of the cyclic collector's reach, so that a full collection never walks it. Why: a full collection holds the
+        # GIL, ~11-17 ms for these ~54k objects on an idle core here and several times that on a loaded one, and a
+        # control loop paused that long misses its deadline (the moteus firmware watchdog is 50 ms).
+        gc.freeze()
         done = getattr(node, "done", None)
         while not stop.is_set() and rclpy.ok() and not (done is not None and done.is_set()):
             executor.spin_once(timeout_sec=0.1)
@@ -381,6 +387,7 @@ def run_node(factory: Callable[[], Node], program: str, args: list[str] | None =
         if rclpy.ok() and hasattr(node, "on_shutdown"):
             node.on_shutdown()
     finally:
+        gc.unfreeze()
         if executor is not None:
             executor.shutdown()
         if node is not None:

@@ -107,3 +107,27 @@ def test_a_malformed_params_file_is_a_clear_error(tmp_path, capsys, text, words)
     err = capsys.readouterr().err
     assert "controller_node: refusing to start" in err and str(bad) in err and words in err
     assert "Traceback" not in err and "RCLError" not in err
+
+
+def test_run_node_keeps_what_it_built_out_of_the_cyclic_collector_while_it_spins():
+    """A full collection walking the imports and the node would hold the GIL for tens of ms on a loaded core: the
+    control loops' deadline (the moteus watchdog is 50 ms). run_node freezes them (gc.freeze) once the node is up."""
+    import gc
+
+    from rclpy.node import Node
+
+    seen: list[int] = []
+
+    class Done:
+        def is_set(self) -> bool:
+            seen.append(gc.get_freeze_count())
+            return True
+
+    class Quick(Node):
+        def __init__(self) -> None:
+            super().__init__("quick_node")
+            self.done = Done()
+
+    assert run_node(Quick, "quick_node", ["quick_node"]) == 0
+    assert seen and seen[0] > 10_000                # the process's objects, frozen while the node ran
+    assert gc.get_freeze_count() == 0               # and given back to the collector after
