@@ -464,3 +464,44 @@ def test_a_state_without_effort_or_with_a_third_one_does_not_switch_the_trial_to
     assert list(np.flatnonzero(~trial.valid)) == [10]         # the interval around the state without effort
     raw = recording.read_bag(tmp_path / "bag")
     assert len(raw.state_t) == n - 1 and len(raw.command_t) == n   # the 3-effort state and 1-effort command refused
+
+
+def _partial_with_damaged_chunk(root: Path, config, which: str) -> Path:
+    """A session whose trial 0 is a partial MCAP bag (the recorder never closed) with one field of a chunk header
+    damaged: the last chunk's compression-name length (``last``) or the first record's (``first``)."""
+    import struct as st
+
+    session = recording.SessionDirectory.create(root, config)
+    recorder = session.start_trial("v1", flush_period=1e9)
+    for k in range(1000):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.001 * k, 0.0), (0.5, 0.0), (0.5, 0.0)), ns)
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(0.5, 0.0), frame="policy"), ns + 1000)
+        if k % 200 == 199:
+            recorder.flush()
+    mcap = next(recorder.partial.glob("*.mcap"))
+    data = bytearray(mcap.read_bytes())
+    pos, chunks = 8, []
+    while pos + 9 <= len(data):
+        if data[pos] == 0x06:
+            chunks.append(pos)
+        pos += 9 + st.unpack_from("<Q", data, pos + 1)[0]
+    st.pack_into("<I", data, (chunks[-1] if which == "last" else chunks[0]) + 9 + 28, 0x7FFFFFFF)
+    mcap.write_bytes(bytes(data))
+    return root
+
+
+@pytest.mark.parametrize("which", ["last", "first"])
+def test_a_damaged_partial_bag_keeps_what_is_readable_and_is_never_left_out_silently(tmp_path, pendubot_config,
+                                                                                     which):
+    root = _partial_with_damaged_chunk(tmp_path / "s", pendubot_config, which)
+    recovered = recording.recover_session(root)           # no exception, whatever the damage
+    entry = recording.SessionDirectory.open(root).info["trials"][0]
+    loaded = recording.load_sessions([root], pendubot_config)
+    if which == "last":          # the chunks before the damaged one are salvaged
+        assert recovered == [root / "trial_000"] and entry["status"] == "recovered"
+        assert 600 <= entry["messages"]["joint_states"] < 1000
+        assert len(loaded.trials) == 1 and loaded.problems == []
+    else:                        # nothing readable: marked, and reported when the session is read
+        assert recovered == [] and entry["status"] == "unrecoverable" and "trial_000.crashed" in entry["problem"]
+        assert loaded.trials == [] and any("crashed trial with no salvaged bag" in p.reason for p in loaded.problems)

@@ -535,7 +535,12 @@ def find_bags(path: str | Path) -> tuple[list[Path], str | None, list[BagProblem
             problems.append(BagProblem(str(path / SESSION_FILE), str(exc)))
     bags, problems = [], problems
     for child in sorted(path.iterdir()):
-        if not child.is_dir() or child.name.endswith(CRASHED_SUFFIX):
+        if child.is_dir() and child.name.endswith(CRASHED_SUFFIX):
+            if not (path / child.name[: -len(CRASHED_SUFFIX)]).is_dir():   # said, not silently left out
+                problems.append(BagProblem(str(child), "a crashed trial with no salvaged bag: nothing readable was "
+                                                       "recovered or the recovery failed (session.yaml says why)"))
+            continue
+        if not child.is_dir():
             continue
         if child.name.endswith(PARTIAL_SUFFIX):
             problems.append(BagProblem(str(child), "partial bag left by a crash: run `mcpilco retrain` with "

@@ -32,9 +32,10 @@ def recover_session(root: str | Path) -> list[Path]:
         try:
             counts = salvage_bag(crashed, final, custom_data={"robot": session.robot, "recovered": "true",
                                                               "policy_version": str(entry.get("policy_version", ""))})
-        except TrialError as exc:
-            LOG.warning("%s", exc)
-            entry.update({"status": "unrecoverable", "problem": str(exc)})
+        except Exception as exc:  # noqa: BLE001 -- whatever the damage, the trial is marked and the others go on
+            problem = str(exc) if isinstance(exc, TrialError) else f"{crashed}: {type(exc).__name__}: {exc}"
+            LOG.warning("%s", problem)
+            entry.update({"status": "unrecoverable", "problem": problem})
         else:
             recovered.append(final)
             entry.update({"status": "recovered", "messages": counts})
@@ -83,13 +84,21 @@ def _scan_sqlite(path: Path) -> Iterator[tuple[str, int, bytes]]:
 _MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 
-def _scan_mcap(path: Path) -> Iterator[tuple[str, int, bytes]]:
-    """Messages of an MCAP file cut off anywhere: records are read until the first incomplete one."""
+def _scan_mcap(path: Path) -> list[tuple[str, int, bytes]]:
+    """Messages of an MCAP file cut off or damaged anywhere: records are read until the first incomplete or
+    unreadable one (a damaged chunk header, a chunk that does not decompress), and every message before it kept."""
     data = path.read_bytes()
     if not data.startswith(_MCAP_MAGIC):
         raise TrialError(f"{path}: not an MCAP file (bad magic)")
     channels: dict[int, str] = {}
-    yield from _mcap_records(BytesIO(data[len(_MCAP_MAGIC):]), channels, top_level=True)
+    out: list[tuple[str, int, bytes]] = []
+    try:
+        for message in _mcap_records(BytesIO(data[len(_MCAP_MAGIC):]), channels, top_level=True):
+            out.append(message)
+    except Exception as exc:  # noqa: BLE001 -- struct, unicode, zstd or index errors of a damaged record
+        LOG.warning("%s: stopped at a damaged record after %d message(s): %s: %s", path, len(out),
+                    type(exc).__name__, exc)
+    return out
 
 
 def _mcap_records(bio: BytesIO, channels: dict[int, str], top_level: bool) -> Iterator[tuple[str, int, bytes]]:
