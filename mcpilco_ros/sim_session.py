@@ -531,10 +531,52 @@ class SimSession:
         try:
             self.start_nodes()
             self._loop()
+        except BaseException as exc:   # a failed trial or retrain, Ctrl-C: the robot time spent is still counted
+            self.shutdown()
+            self.write_aborted(exc)
+            raise
         finally:
             self.shutdown()
             self.guard.restore()
         return self.report()
+
+    def write_aborted(self, exc: BaseException) -> None:
+        """session.json for a session that did not finish: status "aborted", why, the finished trials' rows and
+        robot time, and the robot time of the trial under way (its record file's steps, else the span of the states
+        its bag holds; None when neither says). Why: the robot ran those seconds, finished or not."""
+        k = len(self.rows)
+        try:
+            under_way = self._robot_time_of_unfinished_trial(k)
+        except Exception as err:  # noqa: BLE001 -- the accounting must not hide the session's own error
+            under_way = None
+            self.say(f"trial {k}: its robot time could not be read ({type(err).__name__}: {err})")
+        robot_time = self.robot_time()
+        if under_way is not None:
+            robot_time["unfinished_trial"] = under_way
+            robot_time["total"] += under_way
+        result = {"robot": self.cfg.robot.robot, "train_config": str(self.cfg.source), "status": "aborted",
+                  "reason": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                  "trials": [vars(r) for r in self.rows], "unfinished_trial": k if k < self.trials else None,
+                  "robot_profile": self.profile.label, "robot_time_s": robot_time["total"],
+                  "robot_time_breakdown_s": robot_time, "wall_s": time.perf_counter() - self.t0}
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "session.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        self.say(f"session aborted ({result['reason']}): {len(self.rows)} trial(s) finished, robot time "
+                 f"{robot_time['total']:.3f} s counted in {self.out / 'session.json'}")
+
+    def _robot_time_of_unfinished_trial(self, k: int) -> float | None:
+        """s the simulated robot ran in trial ``k`` (not finished): its record file, else its bag's state span."""
+        record = self.out / "trials" / f"trial_{k:03d}.npz"
+        if record.is_file():
+            with np.load(record) as data:
+                return len(data["u"]) * self.cfg.robot.control_period
+        from mcpilco_core.recording import read_bag
+
+        for bag in (self.out / "session" / f"trial_{k:03d}", self.out / "session" / f"trial_{k:03d}.partial"):
+            if bag.is_dir():
+                stamps = read_bag(bag).state_t
+                return float(stamps.max() - stamps.min()) * 1e-9 if len(stamps) > 1 else 0.0
+        return None
 
     def _loop(self) -> None:
         policy, version = None, "none"

@@ -174,6 +174,9 @@ def test_interrupting_the_session_stops_every_node(tmp_path, sig):
         output = proc.communicate(timeout=60)[0]
         assert proc.returncode == 130, output
         assert "interrupted" in output
+        aborted = json.loads((out / "session.json").read_text())     # the robot time spent is still counted
+        assert aborted["status"] == "aborted" and "KeyboardInterrupt" in aborted["reason"]
+        assert aborted["trials"] == [] and aborted["unfinished_trial"] == 0 and aborted["robot_time_s"] >= 0.0
         wait_for(lambda: not node_processes_of(out), 10, f"every node process ended ({node_processes_of(out)}): "
                  f"{output}")
     finally:
@@ -229,3 +232,40 @@ def test_the_bag_closes_after_the_trainer_recorded_the_final_state_or_after_a_wa
     np.savez(record, u=np.zeros((100, 2)), final_state_stamp_ns=-1)        # none published: nothing to wait for
     session._wait_for_final_state(record, 4)
     assert len(said) == 1
+
+
+def test_a_session_that_fails_mid_way_still_counts_its_robot_time(tmp_path, monkeypatch):
+    """Trial 0 ran (3 s), trial 1's simulated robot died after writing 0.5 s of its record: session.json says
+    "aborted", why, and counts 3.5 s."""
+    from mcpilco_ros import sim_session
+
+    session = SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=3,
+                                        quiet=True))
+
+    def run_trial(k, policy, version):  # noqa: ANN001, ANN202
+        if k == 1:
+            (session.out / "trials").mkdir(parents=True, exist_ok=True)
+            np.savez(session.out / "trials" / "trial_001.npz", u=np.zeros((250, 2)))   # 250 steps of 2 ms
+            raise sim_session.SessionError("simulated robot of trial 1 ended with code -9")
+        return sim_session.TrialRow(k, "explore", "", "none", [0.0] * 4, 3.0, {}, 10, 0.5, 5.0, robot_time_s=3.0)
+
+    class Ros:
+        explore = None
+
+        def set_bool(self, *args) -> None:  # noqa: ANN002
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(session, "start_nodes", lambda: setattr(session, "ros", Ros()))
+    monkeypatch.setattr(session, "run_trial", run_trial)
+    monkeypatch.setattr(session, "start_retrain", lambda k: 0)
+    monkeypatch.setattr(session, "finish_retrain", lambda k, before, started: (Path("p.npz"), "v1", {}))
+    with pytest.raises(sim_session.SessionError, match="code -9"):
+        session.run()
+    result = json.loads((session.out / "session.json").read_text())
+    assert result["status"] == "aborted" and "code -9" in result["reason"]
+    assert [row["trial"] for row in result["trials"]] == [0] and result["unfinished_trial"] == 1
+    assert result["robot_time_s"] == pytest.approx(3.5)
+    assert result["robot_time_breakdown_s"]["unfinished_trial"] == pytest.approx(0.5)
