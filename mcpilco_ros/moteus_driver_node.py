@@ -97,7 +97,7 @@ class MoteusDriverNode(ConfiguredNode):
         self.runner = DriverRunner(self.driver, self._on_sample)
         try:
             self.runner.start()
-        except (MissingControllerError, TransportError) as exc:
+        except (MissingControllerError, TransportError, TimeoutError) as exc:
             raise ValueError(str(exc)) from exc
         self.get_logger().info(f"{self.config.robot}: both moteus controllers answer on "
                                f"{self.config.transport.describe()}; {self.config.rate:g} Hz; zero torque until "

@@ -174,3 +174,36 @@ def test_a_reply_missing_from_one_controller_is_a_failed_cycle() -> None:
     assert [m.replied for m in driver.motors] == [True, False]
     assert driver.stats.can_timeouts == 4 and driver.safety.state is SafetyState.FAULT
     assert "reply missing from id 2" in driver.safety.reason
+
+
+class SlowToAnswer:
+    """A transport whose first calls hang ``delay`` s (a stuck adapter), then every controller answers."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.calls = delay, 0
+
+    async def cycle(self, commands):  # noqa: ANN001, ANN201 - moteus.Command list -> replies
+        import moteus
+
+        self.calls += 1
+        if self.calls <= 2:
+            await asyncio.sleep(self.delay)
+        values = {moteus.Register.MODE: 0, moteus.Register.POSITION: 0.0, moteus.Register.VELOCITY: 0.0,
+                  moteus.Register.TORQUE: 0.0, moteus.Register.FAULT: 0}
+        return [SimpleNamespace(id=c.destination, values=dict(values)) for c in commands]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_start_that_times_out_never_runs_the_loop_later() -> None:
+    from mcpilco_core.hardware.driver import DriverRunner
+
+    samples: list = []
+    config = virtual_config(can_timeout=1.0)
+    runner = DriverRunner(MoteusDriver(config, transport=SlowToAnswer(0.4)), samples.append)
+    with pytest.raises(TimeoutError, match="did not start within 0.2 s") as info:
+        runner.start(timeout=0.2)
+    assert config.transport.channel in str(info.value)
+    runner._thread.join(5.0)                 # the start completes later, stops both and leaves
+    assert not runner.is_alive() and samples == [] and runner.stopped_cleanly

@@ -363,12 +363,15 @@ class DriverRunner:
         self._thread = threading.Thread(target=self._main, name="moteus_driver", daemon=True)
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._abandoned = False       # start() gave up waiting: a start that completes later must not run the loop
         self.stopped_cleanly = False
 
     def start(self, timeout: float = 10.0) -> None:
         self._thread.start()
         if not self._started.wait(timeout):
-            raise TimeoutError("moteus driver did not start")
+            self._abandoned = True
+            raise TimeoutError(f"moteus driver did not start within {timeout:g} s "
+                               f"({self.driver.config.transport.describe()}): the transport hangs")
         if self._error is not None:
             self._thread.join(timeout)
             raise self._error
@@ -403,6 +406,9 @@ class DriverRunner:
             await self.driver.shutdown("startup failed")
             return
         self._started.set()
+        if self._abandoned:           # nobody waits for this loop any more: stop both and leave
+            self.stopped_cleanly = await self.driver.shutdown("start abandoned after its timeout")
+            return
         reason = "driver stopped"
         try:
             await self.driver.run(self._stop_event, self.on_sample)
