@@ -261,7 +261,9 @@ class TrainerNode(ConfiguredNode):
             self.get_logger().error(f"{bag}: ~/disturb refused: {message}")
         self.session.save()
 
-    def stop_trial(self) -> tuple[bool, str]:
+    def stop_trial(self, retrain: bool = True) -> tuple[bool, str]:
+        """Close the trial's bag; then retrain when ``retrain_after_trial`` (and ``retrain``: not on shutdown, where
+        the retrain would only be started to be terminated)."""
         if self.recorder is None:
             return False, "no trial is being recorded"
         recorder, self.recorder = self.recorder, None
@@ -273,7 +275,7 @@ class TrainerNode(ConfiguredNode):
         except (recording.TrialError, OSError) as exc:
             return False, f"{recorder.partial}: could not close the bag ({exc}); it stays recoverable"
         message = f"{recorder.final}: {entry['messages']} in {entry['duration_s']:.1f} s"
-        if self.p["retrain_after_trial"]:
+        if self.p["retrain_after_trial"] and retrain:
             message += "; " + self.start_retrain()[1]
         return True, message
 
@@ -418,7 +420,7 @@ class TrainerNode(ConfiguredNode):
     def on_shutdown(self) -> None:
         """Close an open trial (so the bag is complete) and stop a running retrain."""
         if self.recorder is not None:
-            self.stop_trial()
+            self.stop_trial(retrain=False)    # the bag complete; retrain it later with `mcpilco retrain`
         if self.retrain_proc is not None and self.retrain_proc.poll() is None:
             self.retrain_proc.terminate()
             try:

@@ -150,3 +150,20 @@ def test_refuses_bad_parameters(tmp_path):
             make_trainer(r.context, tmp_path, storage="zip")
         with pytest.raises(ParameterError, match="train_config"):
             make_trainer(r.context, tmp_path / "b", train_config=str(tmp_path / "missing.yaml"))
+
+
+def test_shutdown_mid_trial_completes_the_bag_without_starting_a_retrain(tmp_path, pendubot_config):
+    """With retrain_after_trial on, closing the trial at shutdown used to start a retrain only to terminate it at
+    once (a 'failed' retrain in the log); the bag is completed and nothing else starts."""
+    with rig() as r:
+        trainer = r.add(make_trainer(r.context, tmp_path, retrain_after_trial=True))
+        robot = Publisher(r)
+        r.start()
+        wait_for(lambda: robot.states.get_subscription_count() >= 1, what="trainer subscribed")
+        assert r.call(robot.start, Trigger.Request()).success
+        robot.stream(100)
+        wait_for(lambda: trainer.recorder.counts["joint_states"] == 100, what="100 states recorded")
+        trainer.on_shutdown()
+        assert trainer.recorder is None and trainer.retrain_proc is None
+    info = yaml.safe_load((tmp_path / "session" / "session.yaml").read_text())
+    assert info["trials"][0]["status"] == "complete" and info["trials"][0]["messages"]["joint_states"] == 100
