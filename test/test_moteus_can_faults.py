@@ -153,7 +153,7 @@ class OneSilentController:
         import moteus
 
         self.calls += 1
-        values = {moteus.Register.MODE: 0, moteus.Register.POSITION: 0.01 * self.calls, moteus.Register.VELOCITY: 0.0,
+        values = {moteus.Register.MODE: 0, moteus.Register.POSITION: 0.0, moteus.Register.VELOCITY: 0.0,
                   moteus.Register.TORQUE: 0.0, moteus.Register.FAULT: 0}
         return [SimpleNamespace(id=c.destination, values=dict(values)) for c in commands
                 if c.destination == 1 or self.calls <= 2]

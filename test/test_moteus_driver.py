@@ -134,8 +134,9 @@ def test_torque_is_clamped_to_the_joint_limit(make_rig: Callable[..., Rig]) -> N
 def test_direction_and_gear_are_applied_to_commands_and_states(make_rig: Callable[..., Rig]) -> None:
     config = virtual_config()
     shoulder = dataclasses.replace(config.joints[0], direction=-1, gear_ratio=2.0, position_offset=0.5)
-    rig = make_rig(dataclasses.replace(config, joints=(shoulder, config.joints[1])))
-    rig.motor(0).position = 0.25
+    rig = make_rig(dataclasses.replace(config, joints=(shoulder, config.joints[1])), start=False)
+    rig.motor(0).position = 0.25                     # before the driver starts: a jump once running is a fault
+    rig.runner.start()
     rig.driver.set_command((3.0, 0.0))
     wait_for(lambda: rig.motor(0).commands[0x022] == pytest.approx(-1.5))   # 3 N m / (-1 * 2)
     assert rig.motor(0).commands[0x025] == pytest.approx(3.0)                # 6 N m joint limit / gear 2

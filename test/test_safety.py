@@ -9,6 +9,7 @@ controller fault / watchdog timeout -> FAULT, CAN timeout -> FAULT, ~/stop -> ST
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,8 @@ def test_limit_on_either_joint_damps_for_the_configured_time_then_stops(robot: s
     m.command(actuated(m, 2.0))
     assert m.step(q, dq).state is A
     (dq if kind == "velocity" else q)[joint] = sign * limit        # exactly on the limit: still fine
+    m.step(q, dq, dt=1.0)                                          # got there in 1 s (no position jump)...
+    m.command(actuated(m, 2.0))                                    # ...with fresh commands
     assert m.step(q, dq).state is A
     (dq if kind == "velocity" else q)[joint] = sign * (limit + 0.01)
     d = m.step(q, dq)
@@ -141,7 +144,8 @@ def test_limit_on_either_joint_damps_for_the_configured_time_then_stops(robot: s
     expected = max(-tau_max, min(tau_max, -0.5 * dq[m.act]))
     assert d.torques == actuated(m, expected)                      # -gain * dq on the actuated joint, passive 0
     m.command(actuated(m, 5.0))                                    # commands are ignored while damping
-    q, dq = [0.0, 0.0], [1.0, 1.0]                                 # back inside the limits: damping goes on
+    q[joint] = q[joint] if kind == "velocity" else sign * (limit - 0.01)
+    dq = [1.0, 1.0]                                                # back inside the limits: damping goes on
     while m.clock.now + 0.002 < start + 0.2 - 1e-9:
         d = m.step(q, dq)
         assert d.state is D and d.torques == actuated(m, -0.5 * dq[m.act]) and not d.stop
@@ -233,3 +237,27 @@ def test_reset_clears_a_latch_and_needs_fresh_commands(machine: Machine) -> None
     assert (d.state, d.torques, d.stop) == (W, (0.0, 0.0), False)
     machine.command(actuated(machine, 0.75))
     assert machine.step().torques == actuated(machine, 0.75)
+
+
+@pytest.mark.parametrize("robot", ROBOTS)
+@pytest.mark.parametrize("joint", JOINTS)
+def test_a_position_jump_no_motion_could_make_is_a_fault(robot: str, joint: int) -> None:
+    """A moteus that reset (brown-out) comes back with its multi-turn count lost: the joint angle jumps by a
+    fraction of a turn between two cycles. That is no motion (more than twice the velocity limit would allow), and
+    running on with the wrong angle is not safe: both stopped, the joint named."""
+    m = Machine(driver_config(robot))
+    m.command(actuated(m, 2.0))
+    limit = m.config.joints[joint].velocity_limit
+    q = [0.0, 0.0]
+    assert m.step(q).state is A
+    q[joint] = 0.9 * limit * 0.002                                 # fast, but motion: fine
+    assert m.step(q).state is A
+    q[joint] += 0.5 * limit * 0.010                                # after 10 ms without a cycle: still motion
+    assert m.step(q, dt=0.010).state is A
+    q[joint] += 2.0 * math.pi / 6.0                                # a sixth of a turn in 2 ms
+    d = m.step(q)
+    assert (d.state, d.stop, d.torques) == (F, True, (0.0, 0.0))
+    assert m.config.joints[joint].name in d.reason and "jumped" in d.reason
+    m.safety.reset()                                               # a reset forgets the last positions too
+    m.command(actuated(m, 2.0))
+    assert m.step([5.0, -5.0]).state is A

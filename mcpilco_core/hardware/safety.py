@@ -8,7 +8,9 @@ both motors must be stopped. Rules, in order:
    (until :meth:`SafetySupervisor.reset`);
 2. a controller in mode 1 (fault) or 11 (watchdog timeout) -> fault: stop both, naming the fault; a NaN or
    infinite position or velocity reading -> fault too (``abs(nan) > limit`` is False: the limits below cannot
-   see it), naming the joint and the value;
+   see it), naming the joint and the value; a position that moved between two cycles by more than twice the
+   joint's velocity limit allows (+ ``JUMP_MARGIN``) -> fault: a controller that reset (its multi-turn count lost)
+   or an encoder fault, never motion;
 3. velocity or position (multi-turn) limit exceeded -> software damping ``-gain * dq`` on the actuated joint
    for ``damping_duration`` s, then stop both;
 4. no command received yet -> zero torque (commands are the enable signal: the controller only publishes
@@ -41,6 +43,7 @@ class SafetyState(enum.Enum):
 
 
 LATCHED = (SafetyState.STOPPED, SafetyState.FAULT)
+JUMP_MARGIN = 0.05   # rad a position may move between two cycles beyond twice the velocity limit times their interval
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class SafetySupervisor:
         self._state = SafetyState.WAITING
         self._reason = ""
         self._damping_until = 0.0
+        self._last_q: tuple[float, ...] | None = None     # the previous cycle's positions (rad) and their time (s)
+        self._last_q_time = 0.0
         self.clamped_commands = 0
 
     # ------------------------------------------------------------------ inputs
@@ -86,6 +91,7 @@ class SafetySupervisor:
         """Clear a latched stop and forget old commands (zero torque until fresh ones arrive)."""
         with self._lock:
             self._state, self._reason, self._command_time = SafetyState.WAITING, "", None
+            self._last_q = None
 
     def _latch(self, state: SafetyState, reason: str) -> None:
         with self._lock:
@@ -107,6 +113,7 @@ class SafetySupervisor:
         with self._lock:
             self._check_faults(modes, faults)
             self._check_finite(q, dq)
+            self._check_jump(now, q)
             if self._state in LATCHED:
                 return SafetyDecision(self._state, (0.0, 0.0), True, self._reason)
             self._check_limits(now, q, dq)
@@ -134,6 +141,20 @@ class SafetySupervisor:
                     self._reason = (f"non-finite {joint.name} {what} reading ({value} {unit}, id {joint.can_id}): "
                                     f"encoder or bus fault")
                     return
+
+    def _check_jump(self, now: float, q: Sequence[float]) -> None:
+        last, last_time = self._last_q, self._last_q_time
+        self._last_q, self._last_q_time = tuple(float(v) for v in q), now
+        if self._state in LATCHED or last is None:
+            return
+        elapsed = max(now - last_time, 0.0)
+        for joint, qi, before in zip(self.config.joints, q, last):
+            if abs(qi - before) > 2.0 * joint.velocity_limit * elapsed + JUMP_MARGIN:
+                self._state = SafetyState.FAULT
+                self._reason = (f"{joint.name} position jumped {qi - before:+.3f} rad in {elapsed * 1e3:.1f} ms, more "
+                                f"than twice its velocity limit ({joint.velocity_limit:g} rad/s) allows: a controller "
+                                f"that reset (id {joint.can_id}) or an encoder fault")
+                return
 
     def _check_limits(self, now: float, q: Sequence[float], dq: Sequence[float]) -> None:
         if self._state is SafetyState.DAMPING:
