@@ -172,6 +172,17 @@ def test_cli_select_with_a_robot_check_reports_the_counted_time(run, tmp_path, c
     assert str(report["selected_trial"]) in report["robot_check"]["scores"]
     assert out.read_bytes() == Path(report["selected_policy"]).read_bytes()
     assert "= 1 s of robot time" in capsys.readouterr().out
+    assert report["robot_checks"][0]["robot_time_s"] == 1.0 and report["robot_time_all_checks_s"] == 1.0
+    # a later select without a check rewrites selection.json but keeps the check's robot time counted
+    assert cli.main(["select", str(run), "--particles", "40", "--protocol-seconds", "1"]) == 0
+    report = json.loads((run / "selection.json").read_text())
+    assert report["robot_time_s"] == 0.0 and report["robot_time_all_checks_s"] == 1.0
+    assert "robot checks of this run so far: 1 s" in capsys.readouterr().out
+    # an export nobody can write is refused before anything runs (the robot check included)
+    for target in (tmp_path / "no_such_folder" / "chosen.npz", run / "trials" / "trial_001" / "policy.npz", tmp_path):
+        assert cli.main(["select", str(run), "--check", "1", "--export", str(target)]) == 2
+        assert "error: --export" in capsys.readouterr().err
+    assert json.loads((run / "selection.json").read_text())["robot_time_all_checks_s"] == 1.0
     assert cli.main(["select", str(run), "--check", "2", "--check-seconds", "0"]) == 2
     assert cli.main(["select", str(run), "--check", "2", "--check-tolerance", "-0.1"]) == 2
 

@@ -199,6 +199,8 @@ def _run_select(args: argparse.Namespace) -> int:
     if args.particles < 1 or (args.horizon is not None and not args.horizon > 0):
         print("error: --particles must be >= 1 and --horizon > 0", file=sys.stderr)
         return 2
+    if args.export is not None and not _export_target_ok(args.run, Path(args.export)):
+        return 2
     try:
         check = (RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile, args.check_tolerance)
                  if args.check else None)
@@ -235,16 +237,63 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"robot check: {len(selection.check_scores)} x {selection.check.seconds:g} s of the protocol (seed "
               f"{selection.check.seed}, robot profile {selection.check.profile}) = {selection.robot_time:g} s of "
               "robot time, on top of the run's")
-    export = _export_record(args.run / "selection.json")
+    previous = _export_record(args.run / "selection.json")
+    checks = _check_history(args.run / "selection.json")
+    if selection.robot_time > 0.0:
+        checks.append({"robot_time_s": selection.robot_time, "count": len(selection.check_scores),
+                       "robot_profile": selection.check.profile if selection.check else None,
+                       "selected_trial": selection.best})
+    if checks:
+        print(f"robot checks of this run so far: {sum(c['robot_time_s'] for c in checks):g} s in {len(checks)} "
+              "select command(s) (selection.json's robot_checks)")
+    export = {"path": str(Path(args.export).resolve()), "trial": selection.best} if args.export else previous
+    # the record first: the robot time of the check is never lost to a failing copy
+    write_selection(selection, args.run / "selection.json", export, checks)
     if args.export is not None:
-        shutil.copyfile(selection.files[selection.best], args.export)
-        export = {"path": str(Path(args.export).resolve()), "trial": selection.best}
+        try:
+            shutil.copyfile(selection.files[selection.best], args.export)
+        except OSError as exc:
+            print(f"error: could not export trial {selection.best} to {args.export}: {exc} (selection.json is "
+                  "written)", file=sys.stderr)
+            return 2
         print(f"selected trial {selection.best}: {args.export}")
-    elif export is not None and export["trial"] != selection.best and Path(export["path"]).is_file():
-        print(f"WARNING: {export['path']} still holds trial {export['trial']}, an earlier selection's choice; this one "
-              f"chose trial {selection.best}: pass --export {export['path']} to replace it", file=sys.stderr)
-    write_selection(selection, args.run / "selection.json", export)
+    elif previous is not None and previous["trial"] != selection.best and Path(previous["path"]).is_file():
+        print(f"WARNING: {previous['path']} still holds trial {previous['trial']}, an earlier selection's choice; this "
+              f"one chose trial {selection.best}: pass --export {previous['path']} to replace it", file=sys.stderr)
     return 0
+
+
+def _export_target_ok(run: Path, target: Path) -> bool:
+    """--export must name a new or replaceable file in an existing folder, never one of the run's own files."""
+    problem = ""
+    if not target.parent.is_dir():
+        problem = f"the folder {target.parent} does not exist"
+    elif target.is_dir():
+        problem = "it is a folder"
+    elif target.resolve().is_relative_to(Path(run).resolve() / "trials"):
+        problem = "it is inside the run's trials (a trial's own policy)"
+    if problem:
+        print(f"error: --export {target}: {problem}", file=sys.stderr)
+    return not problem
+
+
+def _check_history(path: Path) -> list[dict]:
+    """The robot checks earlier ``select`` commands on this run spent (selection.json's ``robot_checks``; a file
+    of before that list: its one ``robot_time_s``). Why: every select rewrites selection.json, and the robot time
+    of a check made before must stay counted."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict):
+        return []
+    history = old.get("robot_checks")
+    if isinstance(history, list):
+        return [c for c in history if isinstance(c, dict) and isinstance(c.get("robot_time_s"), (int, float))]
+    seconds = old.get("robot_time_s")
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        return [{"robot_time_s": float(seconds), "selected_trial": old.get("selected_trial")}]
+    return []
 
 
 def _export_record(path: Path) -> dict | None:

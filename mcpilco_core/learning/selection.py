@@ -347,6 +347,12 @@ def choose_learner_robot(model: DynamicsModel, config, protocol: ModelProtocol |
             raise ValueError("the run's trials hold too few usable state-rate windows to identify the robot")
 
 
-def write_selection(selection: Selection, path: str | Path, export: dict | None = None) -> None:
-    """selection.json; ``export``: the file the choice was last copied to and its trial (``select --export``)."""
-    Path(path).write_text(json.dumps({**selection.to_dict(), "export": export}, indent=2) + "\n", encoding="utf-8")
+def write_selection(selection: Selection, path: str | Path, export: dict | None = None,
+                    robot_checks: list[dict] | None = None) -> None:
+    """selection.json; ``export``: the file the choice was last copied to and its trial (``select --export``);
+    ``robot_checks``: every robot check of the run's select commands so far, this one's included, and their sum
+    ``robot_time_all_checks_s`` (robot time counted on top of the run's)."""
+    checks = list(robot_checks or [])
+    record = {**selection.to_dict(), "export": export, "robot_checks": checks,
+              "robot_time_all_checks_s": float(sum(c["robot_time_s"] for c in checks))}
+    Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
