@@ -214,6 +214,10 @@ def test_cli_polishes_the_selected_policy_by_default_and_refuses_bad_input(run, 
     assert "steps >= 1" in capsys.readouterr().err
     assert cli.main(["polish", str(chosen), "--policy", str(tmp_path / "missing.npz")]) == 2
     assert "no policy file" in capsys.readouterr().err
+    before = (chosen / "polish" / "policy.npz").read_bytes()         # polishing the default output into itself:
+    assert cli.main(["polish", str(chosen), "--policy", str(chosen / "polish" / "policy.npz")]) == 2   # refused
+    assert (chosen / "polish" / "policy.npz").read_bytes() == before
+    assert "would be overwritten" in capsys.readouterr().err
     assert cli.main(["polish", str(tmp_path / "nothing")]) == 2
     acrobot = REPO / "policies" / "acrobot.npz"                 # a policy for the other robot: a clear error
     assert cli.main(["polish", str(chosen), "--policy", str(acrobot), "--steps", "2"]) == 2

@@ -86,7 +86,8 @@ def register(subparsers) -> None:
     p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
     p.add_argument("--policy", type=Path, default=None,
                    help="policy to polish (default: the selected one, RUN/selection.json, else the newest)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/polish)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/polish; an earlier polish "
+                   "there is replaced, never the policy being polished)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--particles", type=int, default=None)
@@ -335,6 +336,10 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  judge_processes=args.judge_processes)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
+        out = args.out or args.run / "polish"
+        if Path(source.policy_file).resolve().is_relative_to(Path(out).resolve()):
+            raise ValueError(f"the policy to polish, {source.policy_file}, is inside the output folder {out}: it "
+                             "would be overwritten; pass another --out")
         if settings.candidates > 1 and args.policy is not None:
             raise ValueError("--policy names one policy: it cannot be combined with several candidates")
         if settings.candidates > 1 and settings.rounds > 1:
@@ -357,7 +362,6 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", judged on {settings.judge_seeds} new seeds each round" if settings.judge_seeds else "")
           + (f", each round's gain confirmed on {settings.confirm_seeds} other seeds" if settings.confirm_seeds else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
-    out = args.out or args.run / "polish"
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))
         result = polish_candidates(source, settings, files, out, progress=source.config.progress)
