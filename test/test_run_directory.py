@@ -137,6 +137,8 @@ DAMAGE = {
     "optimisation without cost": ("trials/trial_001/optimization.npz", lambda p: _without_key(p, "cost"),
                                   "trial_001/optimization.npz.*'cost'"),
     "pool truncated": ("trials/trial_001/disturbance_states.npy", _truncate, "trial_001/disturbance_states.npy"),
+    "model missing": ("trials/trial_001/model.npz", lambda p: p.unlink(), "trial_001/model.npz: missing"),
+    "policy missing": ("trials/trial_001/policy.npz", lambda p: p.unlink(), "trial_001/policy.npz: missing"),
 }
 
 
@@ -148,6 +150,20 @@ def test_resume_names_the_damaged_file(run_copy, case):
     with pytest.raises(RunError, match=pattern) as error:
         train(load_train_config(config), run, resume=True)
     assert str(run) in str(error.value)
+
+
+def test_resume_brings_a_stale_robot_time_account_up_to_date(run_copy):
+    """Killed between saving trial 1 and accounting for it: run.json says one trial; --resume of the finished run
+    (nothing left to train) counts both again, and the run's policy.npz is trial 1's."""
+    config, run = run_copy
+    meta = json.loads((run / "run.json").read_text())
+    full = meta["robot_time_s"]
+    meta["robot_time_s"] = {**full, "total": full["per_trial"][0], "per_trial": full["per_trial"][:1]}
+    (run / "run.json").write_text(json.dumps(meta))
+    (run / "policy.npz").unlink()
+    train(load_train_config(config), run, resume=True)
+    assert json.loads((run / "run.json").read_text())["robot_time_s"] == full
+    assert (run / "policy.npz").read_bytes() == (run / "trials" / "trial_001" / "policy.npz").read_bytes()
 
 
 def test_a_damaged_run_json_without_resume_is_refused_as_a_run(run_copy):

@@ -352,7 +352,16 @@ def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[Tr
     done = run.completed_trials() if resume else []
     records = [run.load_trial(k, config.robot.robot) for k in done]
     if records:
+        last = records[-1]
+        for name, value in (("policy.npz", last.policy), ("model.npz", last.model_arrays)):
+            if last.index > 0 and value is None:      # the next trial starts from them: never silently without
+                raise RunError(f"{run.trial_path(last.index) / name}: missing; the run cannot resume from trial "
+                               f"{last.index} without it")
         learner.restore(records, initial_pool)
+        # a run killed between saving a trial and accounting for it: run.json and the root policy brought up to date
+        run.update_robot_time(records)
+        if last.index > 0:
+            shutil.copyfile(run.trial_path(last.index) / "policy.npz", run.root / "policy.npz")
         run.log(f"resumed after trial {done[-1]}")
     else:
         learner.pool = initial_pool
