@@ -51,10 +51,27 @@ def _add_evaluate(subparsers) -> None:
     p.set_defaults(func=_run_evaluate)
 
 
+def _evaluate_arguments_problem(args: argparse.Namespace) -> str:
+    """What is wrong with ``mcpilco evaluate``'s arguments ('' = nothing)."""
+    bad = [s for s in args.seeds if not 0 <= s < 2**32]
+    if bad:
+        return f"--seeds must be in 0 .. 2**32 - 1 (numpy's seeds), got {bad}"
+    if args.plot is not None and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+        return f"--plot {args.plot}: the file must end in .png, .pdf or .svg"
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and path.is_dir():
+            return f"{option} {path} is a folder: name a file"
+    return ""
+
+
 def _run_evaluate(args: argparse.Namespace) -> int:
     from mcpilco_core.evaluation import ControllerSpec, config_path_for, evaluate_seeds, summarize
     from mcpilco_core.simulation import load_robot_profile
 
+    problem = _evaluate_arguments_problem(args)
+    if problem:                      # said before the evaluation runs, not after it
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     spec = ControllerSpec(config_path_for(args.robot, args.config), args.controller)
     profile = load_robot_profile(args.robot_profile)
     config, _ = spec.build()

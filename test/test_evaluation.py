@@ -242,6 +242,11 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "field 'robot'" in capsys.readouterr().err
     assert cli.main(["evaluate", "--robot", "pendubot", "--controller", str(tmp_path / "none.npz")]) == 2
     assert "no such policy file" in capsys.readouterr().err
+    for extra, words in ((["--seeds", "-1"], "--seeds must be in"), (["--seeds", str(2**32)], "--seeds must be in"),
+                         (["--plot", str(tmp_path / "x.txt")], ".png, .pdf or .svg"),
+                         (["--json", str(tmp_path)], "is a folder")):           # before anything runs
+        assert cli.main(["evaluate", "--robot", "pendubot", "--controller", "zero"] + extra) == 2
+        assert words in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)

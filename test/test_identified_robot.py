@@ -182,6 +182,12 @@ def test_mcpilco_identify_prints_the_robot_and_writes_a_design_robot(proxy_run, 
     assert cli.main(["identify", str(proxy_run), "--write", str(out)]) == 2   # never replaces a file
     assert "exists" in capsys.readouterr().err
     assert cli.main(["identify", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["identify", str(proxy_run), "--trials", "-2"]) == 2
+    assert "--trials must be >= 0" in capsys.readouterr().err
+    for bad in ("my: robot.yaml", "robot.txt"):                        # its name becomes a YAML key: refused
+        assert cli.main(["identify", str(proxy_run), "--write", str(tmp_path / "design" / bad)]) == 2
+        assert "name the profile with" in capsys.readouterr().err
+    assert load_robot_profile(second).plant_model == "identified_other"  # the models file untouched
 
 
 def test_a_models_file_that_does_not_end_in_its_models_is_left_as_it_was(proxy_run, tmp_path, capsys):
@@ -192,6 +198,9 @@ def test_a_models_file_that_does_not_end_in_its_models_is_left_as_it_was(proxy_r
     models.write_text(text)
     assert cli.main(["identify", str(proxy_run), "--write", str(tmp_path / "mine.yaml")]) == 2
     assert models.read_text() == text and not (tmp_path / "mine.yaml").exists()
+    models.write_text("models: [unclosed\n")                        # a models file that is not YAML: a clear error
+    assert cli.main(["identify", str(proxy_run), "--write", str(tmp_path / "mine.yaml")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("responsiveness", [1.0, 0.9])

@@ -237,3 +237,12 @@ def test_a_seed_from_the_command_line_is_kept_in_the_run_and_resume_needs_it(tmp
     assert cli.main(["train", "--robot", "pendubot", "--config", str(config), "--out", str(tmp_path / "plain"),
                      "--trials", "1"]) == 0
     assert (tmp_path / "plain" / "train_config.yaml").read_text() == config.read_text()
+
+
+def test_cli_train_refuses_fewer_than_one_trial(tmp_path, capsys):
+    args = ["train", "--robot", "pendubot", "--config", str(_fast_config(tmp_path / "config")), "--out",
+            str(tmp_path / "run")]
+    for trials in ("0", "-1"):
+        assert cli.main(args + ["--trials", trials]) == 2
+        assert "--trials must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()          # nothing written

@@ -184,6 +184,8 @@ def test_cli_select_with_a_robot_check_reports_the_counted_time(run, tmp_path, c
         assert "error: --export" in capsys.readouterr().err
     assert json.loads((run / "selection.json").read_text())["robot_time_all_checks_s"] == 1.0
     assert cli.main(["select", str(run), "--check", "2", "--check-seconds", "0"]) == 2
+    assert cli.main(["select", str(run), "--check", "2", "--check-seconds", "inf"]) == 2
+    assert cli.main(["select", str(run), "--protocol-seconds", "inf"]) == 2
     assert cli.main(["select", str(run), "--check", "2", "--check-tolerance", "-0.1"]) == 2
 
 

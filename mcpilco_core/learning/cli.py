@@ -171,6 +171,9 @@ def _run_train(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = load_train_config(args.config, args.robot, robot_profile=args.robot_profile)
     if args.trials is not None:
+        if args.trials < 1:
+            print(f"error: --trials must be >= 1 (trial 0 explores), got {args.trials}", file=sys.stderr)
+            return 2
         config = replace(config, trials=args.trials)
     if args.seed is not None:
         if args.seed < 0:
@@ -386,6 +389,9 @@ def _run_identify(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.trials is not None:
+        if args.trials < 0:
+            print(f"error: --trials must be >= 0 (trials 0 .. K), got {args.trials}", file=sys.stderr)
+            return 2
         recordings = recordings[: args.trials + 1]
     found = identify_robot(config.model_robot.plant, recordings, config.robot.actuated_joint, config.robot.torque_limit)
     if found is None:

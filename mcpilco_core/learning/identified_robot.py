@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,6 +234,9 @@ def write_profile(robot: IdentifiedRobot, path: str | Path, description: str) ->
     path = Path(path)
     if path.exists():
         raise ValueError(f"{path} exists: choose another name")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", path.stem) or path.suffix not in (".yaml", ".yml"):
+        raise ValueError(f"{path}: name the profile with letters, digits, '_', '-' and '.' and end it in .yaml "
+                         "(its name becomes a YAML key of the plant models file)")
     models = path.parent / "plant_models.yaml"
     name = f"identified_{path.stem}"
     p = robot.plant
@@ -240,7 +244,14 @@ def write_profile(robot: IdentifiedRobot, path: str | Path, description: str) ->
              + "".join(f"    {key}: {_yaml_value(getattr(p, key))}\n"
                        for key in ("m", "l", "r", "I", "Ir", "gr", "b", "cf", "g")))
     if models.exists():
-        existing = yaml.safe_load(models.read_text(encoding="utf-8")) or {}
+        try:
+            existing = yaml.safe_load(models.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{models}: not valid YAML ({' '.join(str(exc).split())}); fix it or write the profile "
+                             "elsewhere") from exc
+        if not isinstance(existing, dict):
+            raise ValueError(f"{models}: not a plant models file (a mapping with 'models'); write the profile "
+                             "elsewhere")
         if name in (existing.get("models") or {}):
             raise ValueError(f"{models} already holds a model {name!r}: choose another profile name")
         text = models.read_text(encoding="utf-8")

@@ -49,6 +49,8 @@ from .protocol import on_model, protocol_scores
 from .runs import RunDirectory, run_state_recordings
 from .torch_policy import TorchPolicy
 
+MAX_PROTOCOL_SECONDS = 3600.0   # s: one protocol run of a check or of the model's protocol (the protocol is 60 s)
+
 
 @dataclass(frozen=True)
 class RobotCheck:
@@ -72,7 +74,7 @@ class RobotCheck:
     tolerance: float | None = 0.15
 
     def __post_init__(self) -> None:
-        if self.count < 1 or not self.seconds > 0 or self.seed < 0:
+        if self.count < 1 or not 0 < self.seconds <= MAX_PROTOCOL_SECONDS or self.seed < 0:
             raise ValueError(f"robot check: need count >= 1, seconds > 0 and seed >= 0 (got {self.count}, "
                              f"{self.seconds}, {self.seed})")
         if self.tolerance is not None and not self.tolerance >= 0:
@@ -97,7 +99,7 @@ class ModelProtocol:
     robot: str = "model"
 
     def __post_init__(self) -> None:
-        if not self.seeds or any(s < 0 for s in self.seeds) or not self.seconds > 0:
+        if not self.seeds or any(s < 0 for s in self.seeds) or not 0 < self.seconds <= MAX_PROTOCOL_SECONDS:
             raise ValueError(f"protocol on the model: need seeds >= 0 (at least one) and seconds > 0 (got "
                              f"{list(self.seeds)}, {self.seconds})")
         if self.robot not in LEARNER_ROBOTS:
