@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +247,20 @@ def test_cli_train_refuses_fewer_than_one_trial(tmp_path, capsys):
         assert cli.main(args + ["--trials", trials]) == 2
         assert "--trials must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()          # nothing written
+
+
+def test_resume_knows_the_robot_profile_by_its_contents_not_its_path(tmp_path, monkeypatch):
+    """Given as a relative path, then as the absolute one: the same robot, resumed. Edited in place (same path):
+    another robot, refused, saying so."""
+    config = _fast_config(tmp_path / "config")
+    profile = tmp_path / "robots" / "noisy.yaml"
+    profile.parent.mkdir()
+    profile.write_text("description: a noisy robot\nmeasurement_noise: [0, 0, 0.05, 0.05]\n")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    train(replace(load_train_config(config, robot_profile="robots/noisy.yaml"), trials=1), run)
+    train(replace(load_train_config(config, robot_profile=str(profile)), trials=2), run, resume=True)
+    assert len(list((run / "trials").iterdir())) == 2
+    profile.write_text("description: a noisy robot\nmeasurement_noise: [0, 0, 0.05, 0.05]\ndelay: 0.03\n")
+    with pytest.raises(RunError, match="its contents changed"):
+        train(replace(load_train_config(config, robot_profile=str(profile)), trials=3), run, resume=True)

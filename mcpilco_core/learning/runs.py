@@ -19,6 +19,7 @@ after the last complete trial; every trial's randomness depends only on (seed, t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -56,6 +57,30 @@ def config_hash(path: str | Path) -> str:
     return hashlib.sha256(resolved.encode()).hexdigest()[:16]
 
 
+def profile_fingerprint(config: TrainConfig) -> str:
+    """The simulated robot by what it is: its sensors, motors, seed and true plant (a named plant model read from
+    its file), not the name or path it was given by. Why: a resumed run must continue on the same robot, and a
+    profile file edited in place keeps its path."""
+    from ..simulation import load_robot_profile
+
+    profile = load_robot_profile(config.robot_profile)
+    content = {key: value for key, value in dataclasses.asdict(profile).items()
+               if key not in ("name", "description", "source", "plant_model", "plant_models_file")}
+    content["plant"] = dataclasses.asdict(profile.plant_parameters(config.robot))
+    content["plant"].pop("name", None)
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _same_profile(before: str, now: str, root: Path) -> bool:
+    """The same profile name, or the same file given by another path (relative to where each run started)."""
+    if before == now:
+        return True
+    paths = [Path(p) for p in (before, now)]
+    if not all(p.suffix in (".yaml", ".yml") for p in paths):
+        return False
+    return paths[1].resolve() in (paths[0].resolve(), (root.parent / paths[0]).resolve())
+
+
 class RunDirectory:
     """One training run on disk (see module docstring)."""
 
@@ -89,7 +114,17 @@ class RunDirectory:
             before = {"robot config": meta.get("robot_fingerprint"),
                       "robot profile": (meta.get("config") or {}).get("robot_profile", "nominal")}
             now = {"robot config": config.robot.fingerprint(), "robot profile": config.robot_profile}
+            made_on, runs_on = meta.get("robot_profile_fingerprint"), profile_fingerprint(config)
+            edited = False
+            if made_on is not None:          # the profile by what it is, not by the path it was given as
+                same = _same_profile(str(before["robot profile"]), str(now["robot profile"]), self.root)
+                edited = made_on != runs_on and same
+                if made_on == runs_on or same:
+                    before["robot profile"] = now["robot profile"]
             changed = [f"{key}: {before[key]} -> {now[key]}" for key in now if before[key] != now[key]]
+            if edited:
+                changed.append(f"robot profile {now['robot profile']}: its contents changed (fingerprint {made_on} "
+                               f"-> {runs_on})")
             if before["robot config"] != now["robot config"]:
                 settings = self._robot_differences(config)
                 if settings:
@@ -110,6 +145,7 @@ class RunDirectory:
             self._copy_plant_models(Path(config.robot.source))
         meta = {"run_id": uuid.uuid4().hex[:12], "robot": config.robot.robot, "config_hash": digest,
                 "robot_fingerprint": config.robot.fingerprint(), "package_version": __version__,
+                "robot_profile_fingerprint": profile_fingerprint(config),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config.to_dict()}
         meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
         return meta
