@@ -245,6 +245,10 @@ def test_a_selection_without_export_warns_when_the_earlier_export_holds_another_
     chosen = report["selected_trial"]
     assert report["export"] == {"path": str(out.resolve()), "trial": chosen}
     capsys.readouterr()
+    assert cli.main(args + ["--export", str(out)]) == 2           # an existing file: only with --force
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert cli.main(args + ["--export", str(out), "--force"]) == 0
+    capsys.readouterr()
     assert cli.main(args) == 0                                   # same choice: the export still holds it
     assert "WARNING" not in capsys.readouterr().err
     assert json.loads((run / "selection.json").read_text())["export"] == {"path": str(out.resolve()), "trial": chosen}

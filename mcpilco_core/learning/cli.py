@@ -41,13 +41,15 @@ def register(subparsers) -> None:
                                           "--check-seconds of the evaluation protocol each on the robot (counted "
                                           "robot time) and the one up the longest is chosen. Writes "
                                           "RUN/selection.json.")
-    p.add_argument("run", type=Path, help="run directory (mcpilco train --out)")
+    p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
     p.add_argument("--particles", type=int, default=600)
     p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
     p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
     p.add_argument("--export", type=Path, default=None,
                    help="copy the selected trial's policy here (selection.json records it; a later select without "
-                        "--export warns when that file no longer holds the choice)")
+                        "--export warns when that file no longer holds the choice); an existing file only with "
+                        "--force")
+    p.add_argument("--force", action="store_true", help="let --export replace an existing file")
     p.add_argument("--rank", choices=("protocol", "cost"), default="protocol",
                    help="rank by the protocol simulated on the model's plant (no robot time) or by the model cost")
     p.add_argument("--protocol-seconds", type=float, default=60.0, help="s of the protocol on the model per seed")
@@ -203,7 +205,7 @@ def _run_select(args: argparse.Namespace) -> int:
     if args.particles < 1 or (args.horizon is not None and not args.horizon > 0):
         print("error: --particles must be >= 1 and --horizon > 0", file=sys.stderr)
         return 2
-    if args.export is not None and not _export_target_ok(args.run, Path(args.export)):
+    if args.export is not None and not _export_target_ok(args.run, Path(args.export), args.force):
         return 2
     try:
         check = (RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile, args.check_tolerance)
@@ -263,17 +265,21 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"selected trial {selection.best}: {args.export}")
     elif previous is not None and previous["trial"] != selection.best and Path(previous["path"]).is_file():
         print(f"WARNING: {previous['path']} still holds trial {previous['trial']}, an earlier selection's choice; this "
-              f"one chose trial {selection.best}: pass --export {previous['path']} to replace it", file=sys.stderr)
+              f"one chose trial {selection.best}: pass --export {previous['path']} --force to replace it",
+              file=sys.stderr)
     return 0
 
 
-def _export_target_ok(run: Path, target: Path) -> bool:
-    """--export must name a new or replaceable file in an existing folder, never one of the run's own files."""
+def _export_target_ok(run: Path, target: Path, force: bool = False) -> bool:
+    """--export must name a new file (an existing one only with --force) in an existing folder, never one of the
+    run's own files."""
     problem = ""
     if not target.parent.is_dir():
         problem = f"the folder {target.parent} does not exist"
     elif target.is_dir():
         problem = "it is a folder"
+    elif target.exists() and not force:
+        problem = "exists; pass --force to replace it"
     elif target.resolve().is_relative_to(Path(run).resolve() / "trials"):
         problem = "it is inside the run's trials (a trial's own policy)"
     if problem:
