@@ -705,6 +705,11 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
     if dither.amplitude > values["torque_limit"]:
         raise ConfigError(source, "dither.amplitude", f"{dither.amplitude} N m exceeds torque_limit "
                                                       f"{values['torque_limit']} N m")
+    nyquist = 0.5 / values["control_period"]
+    if dither.frequency >= nyquist:   # sampled at the control rate, such a shake is off or a DC offset
+        raise ConfigError(source, "dither.frequency", f"{dither.frequency:g} Hz is not below half the control "
+                                                      f"rate ({nyquist:g} Hz): the shake would vanish or turn into "
+                                                      "an offset")
     roa = _roa_config(reader.sub("roa"))
     catch = _catch_config(reader, values["control_period"], roa)
     selection = _selection_config(reader, values["control_period"], values["policy_period"], catch, dither,

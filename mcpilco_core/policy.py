@@ -453,9 +453,6 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 
 
 def _unpickle_arrays(path: Path) -> Any:
-    with open(path, "rb") as handle:
-        return _ArraysOnlyUnpickler(handle).load()
-def _unpickle_arrays(path: Path) -> Any:
     """The pickle's content with every array a plain numeric ndarray (see :class:`_ArraysOnlyUnpickler`)."""
     with open(path, "rb") as handle:
         return _plain(_ArraysOnlyUnpickler(handle).load())

@@ -35,7 +35,7 @@ def test_off_by_default_and_the_fingerprint_is_unchanged(tmp_path):
 
 @pytest.mark.parametrize("field, value, words", [
     ("amplitude", 7.0, "exceeds torque_limit"), ("amplitude", -1.0, "got -1.0"), ("frequency", 0.0, "must be positive"),
-    ("shape", "triangle", "one of"), ("phase", 1.0, "phase")])
+    ("shape", "triangle", "one of"), ("phase", 1.0, "phase"), ("frequency", 250.0, "half the control rate")])
 def test_bad_values_name_the_field(tmp_path, field, value, words):
     with pytest.raises(ConfigError, match=r"dither\." + field) as info:
         load_robot_config(robot_file(tmp_path, **{field: value}))

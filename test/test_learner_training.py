@@ -345,7 +345,7 @@ def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_ru
 
     (tmp_path / "sub").mkdir()
     start = tmp_path / "sub" / "start.npz"
-    start.write_bytes((REPO / "policies" / "pendubot.npz").read_bytes())
+    start.write_bytes((REPO / "policies" / "archive" / "pendubot_rk4_trial11.npz").read_bytes())   # 3 N m, as tiny
     tiny = tmp_path / "sub" / "tiny.yaml"
     tiny.write_text(f"base: {TINY}\npolicy: {{initial: start.npz}}\noptimizer: {{max_steps_first: 1}}\n")
     derived = tmp_path / "derived.yaml"                                   # inherits the path from its base
@@ -370,6 +370,10 @@ def test_an_initial_policy_starts_the_first_optimisation_and_travels_with_the_ru
     acro.write_text(f"base: {TINY}\npolicy: {{initial: {REPO / 'policies' / 'acrobot.npz'}}}\n")
     with pytest.raises(ConfigError, match="policy.initial"):
         load_train_config(acro, "pendubot")
+    wider = tmp_path / "wider.yaml"                   # bounded at 6 N m where the recipe trains at 3: refused
+    wider.write_text(f"base: {TINY}\npolicy: {{initial: {REPO / 'policies' / 'pendubot.npz'}}}\n")
+    with pytest.raises(ConfigError, match="bounded at 6 N m, policy.u_max is 3 N m"):
+        load_train_config(wider, "pendubot")
 
 
 def test_offline_exploration_draws_the_controller_nodes_torques():

@@ -69,6 +69,19 @@ def test_exact_on_an_exact_noise_free_model():
         x = np.asarray(plant.rk4_step_scalar(tuple(x), tuple(u), DT))
 
 
+def test_exact_too_when_the_states_come_with_jitter():
+    """On a real-time path states are not 2 ms apart to the microsecond: the prediction spans the time that passed
+    (a whole period assumed instead cost up to 1.2 rad/s at +-0.2 ms)."""
+    plant = DoublePendulum(load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.1"))
+    observer = StateObserver(plant, ObserverConfig(**ON), DT)
+    rng = np.random.default_rng(0)
+    x, u, t = np.array([2.5, 0.3, 1.0, -2.0]), np.array([0.0, 0.7]), 0.0
+    for _ in range(200):
+        np.testing.assert_allclose(observer.update(x, t, u), x, atol=1e-9)
+        dt = DT + rng.uniform(-0.0003, 0.0003)
+        x, t = np.asarray(plant.rk4_step_scalar(tuple(x), tuple(u), dt)), t + dt
+
+
 def noisy_run(observer: StateObserver, robot: DoublePendulum, seconds: float = 4.0):
     """A free swing (0 N m) of ``robot``; the RMS velocity errors (rad/s) of the readings and of the estimates."""
     rng = np.random.default_rng(3)

@@ -273,6 +273,12 @@ def load_train_config(path: str | Path, robot: str | None = None,
     if config.u_max > robot_cfg.u_max:       # the controller clips the policy to the robot config's bound
         raise ConfigError(path, "policy.u_max", f"{config.u_max} N m exceeds the robot config's u_max "
                                                 f"{robot_cfg.u_max} N m (torque limit {robot_cfg.torque_limit} N m)")
+    if config.initial_policy is not None:    # every trial warm-starts from it, bound included: the same bound
+        initial_bound = load_policy(config.initial_policy).u_max
+        if initial_bound != config.u_max:
+            raise ConfigError(path, "policy.initial", f"{config.initial_policy} is bounded at {initial_bound:g} N m, "
+                                                      f"policy.u_max is {config.u_max:g} N m: the learner would "
+                                                      "train with the file's bound; make them equal")
     if config.parallel != "ops" and config.device != "cpu":
         raise ConfigError(path, "parallel", f"{config.parallel!r} splits particles between CPU cores; "
                                             "use parallel: ops with device: cuda")
