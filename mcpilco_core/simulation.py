@@ -333,10 +333,15 @@ def drive(robot: SimulatedRobot, controller: SteppableController, steps: int, re
     :meth:`SimulatedRobot.finish` (score over ``duration`` s, default steps dt)."""
     if reset_controller:
         controller.reset()
+    after_window = False
     for _ in range(steps):
         if robot.in_override():
             robot.step(None, "reset")
+            after_window = True
         else:
+            if after_window:     # the hand-over after a window: afresh, as the controller node does (its state is
+                controller.reset()   # marked "reset"), so that the evaluator and the node stay one computation
+                after_window = False
             command = controller.step(robot.measurement(), robot.t)
             robot.step(command, controller.mode)
     return robot.finish(duration)

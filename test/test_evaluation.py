@@ -357,3 +357,26 @@ def test_the_worker_processes_end_when_the_process_that_made_them_is_killed(tmp_
     finally:
         parent.kill()
         parent.wait(10)
+
+
+def test_the_controller_starts_afresh_at_each_windows_hand_over(pendubot_config):
+    """The controller node resets the supervisor on the state handed over after a disturbance window (it is marked
+    "reset"); the evaluator does the same, so that the two stay one computation (before, the supervisor's LQR band,
+    damping and shake phase carried over the window in the evaluator only)."""
+    class Counting(ZeroController):
+        def __init__(self) -> None:
+            self.resets, self.steps, self.reset_at = 0, 0, []
+
+        def reset(self) -> None:
+            self.resets += 1
+            self.reset_at.append(self.steps)
+
+        def step(self, x, t):
+            self.steps += 1
+            return super().step(x, t)
+
+    controller = Counting()
+    result = evaluate_seed(controller, pendubot_config, 0, duration=12.0, keep_trajectory=False)
+    windows = [w for w in result.windows if w[0] < 12.0]
+    assert len(windows) >= 2 and controller.resets == 1 + len(windows)   # at the start, and after each window
+    assert controller.reset_at[0] == 0 and all(k > 0 for k in controller.reset_at[1:])
