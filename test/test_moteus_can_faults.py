@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
-from test_moteus_driver import Rig, no_cyclic_gc, virtual_config, wait_for
+from test_moteus_driver import Rig, closing_rigs, virtual_config, wait_for
 
 from mcpilco_core.hardware.driver import MoteusDriver
 from mcpilco_core.hardware.emulator import CanSendFaults, EmulatedBus, VirtualCanEmulator, robot_bus
@@ -32,12 +32,8 @@ def make_rig() -> Iterator[Callable[..., Rig]]:
         rig.runner.start()
         return rig
 
-    with no_cyclic_gc():
-        try:
-            yield make
-        finally:
-            for rig in rigs:
-                rig.close()
+    with closing_rigs(rigs):
+        yield make
 
 
 def faults_of(rig: Rig) -> CanSendFaults:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_moteus_driver import Rig, no_cyclic_gc, virtual_config, wait_for
+from test_moteus_driver import Rig, closing_rigs, virtual_config, wait_for
 
 from mcpilco_core.config import ConfigError, load_plant_parameters
 from mcpilco_core.evaluation import DisturbanceTargets, DisturbanceWindow
@@ -46,12 +46,8 @@ def started_rig() -> Iterator[Callable[..., Rig]]:
         rig.runner.start()
         return rig
 
-    with no_cyclic_gc():
-        try:
-            yield make
-        finally:
-            for rig in rigs:
-                rig.close()
+    with closing_rigs(rigs):
+        yield make
 
 
 def window_samples(rig: Rig) -> list:

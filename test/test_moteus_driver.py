@@ -88,6 +88,17 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def closing_rigs(rigs: list[Rig]) -> Iterator[None]:
+    """Every rig in ``rigs`` (filled meanwhile) closed at the end, the cyclic GC off while they run."""
+    with no_cyclic_gc():
+        try:
+            yield
+        finally:
+            for rig in rigs:
+                rig.close()
+
+
 @pytest.fixture
 def make_rig() -> Iterator[Callable[..., Rig]]:
     rigs: list[Rig] = []
@@ -99,12 +110,8 @@ def make_rig() -> Iterator[Callable[..., Rig]]:
             rig.runner.start()
         return rig
 
-    with no_cyclic_gc():
-        try:
-            yield make
-        finally:
-            for rig in rigs:
-                rig.close()
+    with closing_rigs(rigs):
+        yield make
 
 
 def test_zero_torque_until_commands_then_actuated_only(make_rig: Callable[..., Rig]) -> None:
