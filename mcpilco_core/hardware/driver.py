@@ -132,6 +132,7 @@ class MoteusDriver:
         self.disturbance = DisturbanceWindows(config)
         self.stats = LoopStats()
         self.motors = tuple(MotorStatus(j.can_id) for j in config.joints)
+        self._can_ids = tuple(j.can_id for j in config.joints)   # every cycle addresses both controllers
         self.controllers: list[moteus.Controller] = []
         self._stop_sent = False
         self._consecutive_timeouts = 0
@@ -163,7 +164,7 @@ class MoteusDriver:
             except CAN_ERRORS as exc:  # timeouts and send errors alike: try again
                 self.last_can_error = f"{type(exc).__name__}: {exc}"
                 continue
-            if self._store_replies(results, (self.controllers[index].id,)):
+            if self._store_replies(results, (self._can_ids[index],)):
                 return True
         return False
 
@@ -288,7 +289,7 @@ class MoteusDriver:
             self.stats.can_errors += 1
             return self._timed_out(self.last_can_error, "CAN error")
         self.stats.round_trip(time.perf_counter() - t0)
-        replied = self._store_replies(results, [c.id for c in self.controllers])
+        replied = self._store_replies(results, self._can_ids)
         if not replied:
             return self._timed_out("reply missing from " + ", ".join(
                 f"id {m.can_id}" for m in self.motors if not m.replied))

@@ -243,8 +243,8 @@ def _run_select(args: argparse.Namespace) -> int:
         print(f"robot check: {len(selection.check_scores)} x {selection.check.seconds:g} s of the protocol (seed "
               f"{selection.check.seed}, robot profile {selection.check.profile}) = {selection.robot_time:g} s of "
               "robot time, on top of the run's")
-    previous = _export_record(args.run / "selection.json")
-    checks = _check_history(args.run / "selection.json")
+    earlier = _earlier_selection(args.run / "selection.json")
+    previous, checks = _export_record(earlier), _check_history(earlier)
     if selection.robot_time > 0.0:
         checks.append({"robot_time_s": selection.robot_time, "count": len(selection.check_scores),
                        "robot_profile": selection.check.profile if selection.check else None,
@@ -287,16 +287,19 @@ def _export_target_ok(run: Path, target: Path, force: bool = False) -> bool:
     return not problem
 
 
-def _check_history(path: Path) -> list[dict]:
-    """The robot checks earlier ``select`` commands on this run spent (selection.json's ``robot_checks``; a file
-    of before that list: its one ``robot_time_s``). Why: every select rewrites selection.json, and the robot time
-    of a check made before must stay counted."""
+def _earlier_selection(path: Path) -> dict:
+    """An earlier select's selection.json ({} when there is none or it is damaged: nothing to carry over)."""
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    if not isinstance(old, dict):
-        return []
+        return {}
+    return old if isinstance(old, dict) else {}
+
+
+def _check_history(old: dict) -> list[dict]:
+    """The robot checks earlier ``select`` commands on this run spent (selection.json's ``robot_checks``; a file
+    of before that list: its one ``robot_time_s``). Why: every select rewrites selection.json, and the robot time
+    of a check made before must stay counted."""
     history = old.get("robot_checks")
     if isinstance(history, list):
         return [c for c in history if isinstance(c, dict) and isinstance(c.get("robot_time_s"), (int, float))]
@@ -306,13 +309,10 @@ def _check_history(path: Path) -> list[dict]:
     return []
 
 
-def _export_record(path: Path) -> dict | None:
+def _export_record(old: dict) -> dict | None:
     """The policy file an earlier ``select --export`` wrote and the trial it holds (selection.json's ``export``), so
     that a later selection without --export says when that file no longer holds the choice. None when unknown."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8")).get("export")
-    except (OSError, ValueError, AttributeError):
-        return None
+    record = old.get("export")
     if isinstance(record, dict) and isinstance(record.get("path"), str) and isinstance(record.get("trial"), int):
         return {"path": record["path"], "trial": record["trial"]}
     return None

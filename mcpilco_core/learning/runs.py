@@ -71,16 +71,6 @@ def profile_fingerprint(config: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _same_profile(before: str, now: str, root: Path) -> bool:
-    """The same profile name, or the same file given by another path (relative to where each run started)."""
-    if before == now:
-        return True
-    paths = [Path(p) for p in (before, now)]
-    if not all(p.suffix in (".yaml", ".yml") for p in paths):
-        return False
-    return paths[1].resolve() in (paths[0].resolve(), (root.parent / paths[0]).resolve())
-
-
 class RunDirectory:
     """One training run on disk (see module docstring)."""
 
@@ -115,16 +105,12 @@ class RunDirectory:
                       "robot profile": (meta.get("config") or {}).get("robot_profile", "nominal")}
             now = {"robot config": config.robot.fingerprint(), "robot profile": config.robot_profile}
             made_on, runs_on = meta.get("robot_profile_fingerprint"), profile_fingerprint(config)
-            edited = False
-            if made_on is not None:          # the profile by what it is, not by the path it was given as
-                same = _same_profile(str(before["robot profile"]), str(now["robot profile"]), self.root)
-                edited = made_on != runs_on and same
-                if made_on == runs_on or same:
-                    before["robot profile"] = now["robot profile"]
+            if made_on == runs_on:           # the profile by what it is, not by the name or path it was given by
+                before["robot profile"] = now["robot profile"]
+            elif made_on is not None:
+                now["robot profile"] = (f"{now['robot profile']} (its contents changed: fingerprint {made_on} -> "
+                                        f"{runs_on})")
             changed = [f"{key}: {before[key]} -> {now[key]}" for key in now if before[key] != now[key]]
-            if edited:
-                changed.append(f"robot profile {now['robot profile']}: its contents changed (fingerprint {made_on} "
-                               f"-> {runs_on})")
             if before["robot config"] != now["robot config"]:
                 settings = self._robot_differences(config)
                 if settings:
