@@ -383,9 +383,10 @@ class RobotProfile:
 
     @property
     def label(self) -> str:
-        """The name, with the seed whenever it picks the robot (``perturbed:0``, ``perturbed:3``): a result file says
-        which perturbed robot it ran on, seed 0 included."""
-        return f"{self.name}:{self.seed}" if self.perturbation else self.name
+        """The name, with the seed whenever it picks the robot (``perturbed:0``, ``perturbed:3``) or is not 0
+        (``hardware_proxy:3``: another noise): a result file says which robot and noise it ran on, a perturbed one's
+        seed 0 included."""
+        return f"{self.name}:{self.seed}" if self.perturbation or self.seed else self.name
 
     def imperfections(self, config: RobotConfig) -> Imperfections:
         """Sensors and motors for ``config``'s robot (torque noise placed on its actuated/passive joint)."""

@@ -138,6 +138,11 @@ def test_shipped_profiles(pendubot_config, acrobot_config):
     assert load_robot_profile("perturbed:1").label == "perturbed:1"
     assert load_robot_profile("perturbed").label == load_robot_profile("perturbed:0").label == "perturbed:0"
     assert load_robot_profile("hardware_proxy").label == "hardware_proxy"
+    # the label names the run's robot and noise: loading it back gives the same profile (hardware_proxy:3 draws
+    # other noise than hardware_proxy)
+    for spec in ("nominal", "hardware_proxy", "hardware_proxy:3", "perturbed", "perturbed:2"):
+        profile = load_robot_profile(spec)
+        assert load_robot_profile(profile.label) == profile, spec
 
 
 def test_from_profile_seeds_the_noise(pendubot_config):
