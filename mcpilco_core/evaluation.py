@@ -387,7 +387,7 @@ def summarize(results: Sequence[EvaluationResult]) -> dict:
     """Mean and std (population) of the scores, and the worst passive-joint torque."""
     scores = np.array([r.score for r in results])
     return {"mean": float(scores.mean()), "std": float(scores.std()), "n": len(results),
-            "passive_max_torque": max((r.passive_max_torque for r in results), default=0.0),
+            "passive_max_torque": float(np.max([r.passive_max_torque for r in results], initial=0.0)),
             "scores": [float(s) for s in scores]}
 
 

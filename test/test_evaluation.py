@@ -17,6 +17,7 @@ from mcpilco_core.evaluation import (
     evaluate_seeds,
     fractions_up,
     score_trajectory,
+    summarize,
     uptime,
 )
 from mcpilco_core.plant import GOAL
@@ -192,6 +193,20 @@ def test_evaluate_seed_gives_the_passive_joint_zero_whatever_the_controller_asks
         assert len(a.windows) == 3 and resets.sum() == window_steps
         assert np.all(np.abs(traj.u[resets]) <= 6.0) and np.any(traj.u[resets, passive] != 0.0)
         assert np.max(np.abs(traj.x[:, 2:])) > 1.0
+
+
+def test_summary_passive_torque_keeps_a_non_number_whatever_the_seed_order(pendubot_config):
+    """A seed whose controller asked NaN on the passive joint is not hidden by the seeds before it."""
+    class AsksNaNOnThePassiveJoint(AsksForPassiveTorque):
+        def step(self, x, t):
+            return np.array([0.0, math.nan]) if t > 1.0 else np.zeros(2)
+
+    clean = evaluate_seed(ZeroController(), pendubot_config, seed=0, duration=2.0, keep_trajectory=False)
+    broken = evaluate_seed(AsksNaNOnThePassiveJoint(), pendubot_config, seed=1, duration=2.0, keep_trajectory=False)
+    assert clean.passive_max_torque == 0.0 and math.isnan(broken.passive_max_torque)
+    for results in ([clean, broken], [broken, clean]):
+        assert math.isnan(summarize(results)["passive_max_torque"])
+    assert summarize([clean])["passive_max_torque"] == 0.0
 
 
 @pytest.mark.timeout(120)
