@@ -38,6 +38,7 @@ from .simulation import (
     intervals_above_line,
     load_robot_profile,
     score_trajectory,  # noqa: F401 - re-exported: the score lives with the simulated robot
+    simulated_time,
     uptime,
 )
 
@@ -239,7 +240,8 @@ def evaluate_seed(controller, config: RobotConfig, seed: int, duration: float = 
     perturbation = ResetPerturbation(DisturbanceSchedule.from_seed(seed), plant, DT)
     robot = profile.robot(config, seed, INITIAL_STATE, override=perturbation,
                           override_limits=(RESET_TORQUE_LIMIT, RESET_TORQUE_LIMIT), dt=DT)
-    traj = drive(robot, controller, int(round(duration / DT)), True, duration)
+    steps, duration = simulated_time(duration, DT)
+    traj = drive(robot, controller, steps, True, duration)
     up = uptime(traj.t, traj.x, plant)
     passive = config.passive_joint
     controlled = traj.mode != MODE_CODES["reset"]

@@ -324,7 +324,18 @@ class Simulator:
         """Simulate ``duration`` seconds from ``x0``; ``override`` may take over the torques at times. The
         controller is called at every step outside the override with the measured state and k dt."""
         robot = self.robot(x0, override)
-        return drive(robot, controller, int(round(duration / self.dt)), reset_controller, duration)
+        steps, simulated = simulated_time(duration, self.dt)
+        return drive(robot, controller, steps, reset_controller, simulated)
+
+
+def simulated_time(duration: float, dt: float) -> tuple[int, float]:
+    """The whole number of ``dt`` steps that ``duration`` (s) runs, and the time they simulate (s): ``duration``
+    itself when it is a whole number of steps (60 s at 2 ms), else steps * dt (0.003 s at 2 ms: 2 steps, 0.004 s).
+    A score is uptime over the time simulated, never over a shorter one (scores above 1)."""
+    steps = int(round(duration / dt))
+    if math.isclose(steps * dt, duration, rel_tol=0.0, abs_tol=1e-9):
+        return steps, duration
+    return steps, steps * dt
 
 
 def drive(robot: SimulatedRobot, controller: SteppableController, steps: int, reset_controller: bool = True,

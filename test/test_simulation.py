@@ -7,7 +7,14 @@ import yaml
 
 from mcpilco_core.config import ConfigError
 from mcpilco_core.plant import GOAL
-from mcpilco_core.simulation import MODE_CODES, Imperfections, SimulatedRobot, Simulator, load_robot_profile
+from mcpilco_core.simulation import (
+    MODE_CODES,
+    Imperfections,
+    SimulatedRobot,
+    Simulator,
+    load_robot_profile,
+    simulated_time,
+)
 
 
 class Greedy:
@@ -38,6 +45,27 @@ def test_limits_and_passive_joint(pendubot_plant):
     assert np.max(np.abs(traj.u_cmd[:, 1])) == 50.0         # ...but what was asked is recorded
     assert np.all(traj.mode == MODE_CODES["policy"])
     assert traj.x.shape == (51, 4) and traj.u.shape == (50, 2)
+
+
+class Upright:
+    """Zero torque; the robot starts upright and at rest, so it is above the line for the whole (short) run."""
+
+    mode = "policy"
+
+    def reset(self):
+        pass
+
+    def step(self, x, t):
+        return np.zeros(2)
+
+
+def test_the_score_is_over_the_time_simulated(pendubot_plant):
+    sim = Simulator(pendubot_plant, (6.0, 0.0))
+    odd = sim.run(Upright(), np.array(GOAL), 0.003)           # 0.003 s at 2 ms: 2 steps, 0.004 s simulated
+    assert odd.x.shape == (3, 4) and odd.score == pytest.approx(1.0)   # was 1.333: 0.004 s up over 0.003 s
+    assert sim.run(Upright(), np.array(GOAL), 0.02).score == pytest.approx(1.0)
+    assert simulated_time(60.0, 0.002) == (30000, 60.0)       # the protocol's 60 s: divided by 60 exactly
+    assert simulated_time(0.003, 0.002) == (2, 0.004)
 
 
 def test_override_takes_over(pendubot_plant):
