@@ -83,7 +83,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     for r in results:
         print(f"seed {r.seed:>4d}  score {r.score:.4f}  uptime {r.uptime:6.2f} s  "
-              f"passive max |tau| {r.passive_max_torque:.1f} N m")
+              f"passive max |tau| {r.passive_max_torque:.3g} N m")
     summary = summarize(results)
     compensation = config.friction_compensation.enabled
     print(f"{args.robot} / {args.controller} / robot profile {profile.label}: score {summary['mean']:.4f} "
