@@ -217,6 +217,29 @@ def test_roa_cache_roundtrip_and_invalidation(pendubot_config, tmp_path, monkeyp
     assert region_of_attraction(fixed, plant, design).rho == 0.7
 
 
+@pytest.mark.parametrize("content", ["[]", '"x"', '{"fingerprint": "KEY", "estimate": {"rho": NaN, "samples": 1, '
+                                     '"failures": 0, "saturated": false}}',
+                                     '{"fingerprint": "KEY", "estimate": {"rho": -1.0, "samples": 1, "failures": 0, '
+                                     '"saturated": false}}',
+                                     '{"fingerprint": "KEY", "estimate": {"rho": "0.5", "samples": 1, "failures": 0, '
+                                     '"saturated": false}}'])
+def test_a_damaged_roa_cache_is_estimated_afresh(pendubot_config, tmp_path, monkeypatch, content):
+    """A cache file that is not a JSON object, or whose rho is NaN, negative or not a number, is neither a crash nor
+    the supervisor's switching level: the estimate is made afresh and replaces it."""
+    from mcpilco_core.control.roa import _cache_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = dataclasses.replace(pendubot_config, source=str(tmp_path / "robot.yaml"),
+                                 roa=dataclasses.replace(pendubot_config.roa, samples=60))
+    plant = DoublePendulum(config.plant)
+    design = design_lqr(plant, 0, config.lqr.Q_diag, config.lqr.R)
+    cache = tmp_path / "robot.roa.json"
+    cache.write_text(content.replace("KEY", _cache_key(config)))
+    rho = region_of_attraction(config, plant, design).rho
+    assert isinstance(rho, float) and math.isfinite(rho) and rho > 0.0
+    assert json.loads(cache.read_text())["estimate"]["rho"] == rho
+
+
 @pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
 def test_policy_only_configs_never_hand_over_to_the_lqr(repo, robot):
     """config/<robot>_policy_only.yaml (a robot with passive-joint friction): enter_fraction 0 = never the LQR,

@@ -21,6 +21,7 @@ keyed by a hash of all of them.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -135,13 +136,20 @@ def cache_paths(config: RobotConfig) -> list[Path]:
 
 
 def _read_cache(path: Path, key: str) -> RoaEstimate | None:
+    """The cached estimate of ``key`` in ``path``; None (estimate afresh) when absent, of another configuration
+    or damaged -- a cache file that is not a JSON object, or whose rho is not a positive finite number, must not
+    become the supervisor's switching level (a NaN or negative rho would silently never hand over to the LQR)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("fingerprint") != key:
+        if not isinstance(data, dict) or data.get("fingerprint") != key:
             return None
-        return RoaEstimate(**data["estimate"])
+        estimate = RoaEstimate(**data["estimate"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    rho = estimate.rho
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0.0:
+        return None
+    return estimate
 
 
 def _holds_another(path: Path, key: str) -> bool:
