@@ -292,6 +292,26 @@ def test_every_shipped_robot_config_finds_its_cached_roa(repo):
         assert _cache_key(load_robot_config(path)) == cached, path.name
 
 
+@pytest.mark.parametrize("lqr", [{"Q_diag": [0.0, 0.0, 0.0, 0.0]}, {"Q_diag": [1e6, 1e6, 1e6, 1e6], "R": 1e-300}])
+def test_lqr_weights_without_a_design_name_the_file(repo, tmp_path, lqr):
+    """Weights each in range may still have no LQR (Q_diag all zero: a singular cost-to-go; an extreme ratio: no
+    Riccati solution): `mcpilco roa` and build_controller say so naming the file's lqr section, not numpy."""
+    import yaml
+
+    from mcpilco_core.config import ConfigError, load_robot_config
+    from mcpilco_ros.cli import main
+
+    data = yaml.safe_load((repo / "config" / "acrobot.yaml").read_text())
+    params = data["/**"]["ros__parameters"]
+    params["plant_models_file"] = str(repo / "config" / "plant_models.yaml")
+    params["lqr"] = lqr
+    path = tmp_path / "acrobot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"acrobot\.yaml: field 'lqr': .*positive definite"):
+        build_controller(load_robot_config(path))
+    assert main(["roa", "--robot", "acrobot", "--config", str(path)]) == 2
+
+
 def test_lqr_gain_scale_scales_the_feedback_only(repo, tmp_path):
     """lqr.gain_scale multiplies the Riccati gains column by column; S (where the supervisor switches) and the passive
     joint's zero row stay; all ones is the unscaled design with the same fingerprint; bad values name the field."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.linalg import solve_continuous_are
 
-from ..config import RobotConfig
+from ..config import ConfigError, RobotConfig
 from ..plant import GOAL, DoublePendulum
 
 
@@ -47,8 +47,15 @@ def configured_lqr(plant: DoublePendulum, config: RobotConfig) -> LqrDesign:
     """The robot config's LQR: the Riccati design of its weights, its gains times ``lqr.gain_scale``.
 
     S (the cost-to-go that places the switching) stays the Riccati solution's, so a scaled design switches where the
-    unscaled one does; only the feedback changes."""
-    design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+    unscaled one does; only the feedback changes. Weights the file accepts one by one may still have no such design
+    (e.g. ``Q_diag`` all zero: S is singular, V vanishes away from the goal): a ConfigError naming the file's ``lqr``
+    section, not numpy's error from inside the Riccati solver or the ROA estimate."""
+    try:
+        design = design_lqr(plant, config.actuated_joint, config.lqr.Q_diag, config.lqr.R)
+        np.linalg.cholesky(design.S)        # the cost-to-go V must be positive definite: it places the switching
+    except np.linalg.LinAlgError as exc:
+        raise ConfigError(config.source, "lqr", f"Q_diag {list(config.lqr.Q_diag)} and R {config.lqr.R} give no "
+                                                f"LQR with a positive definite cost-to-go ({exc})") from exc
     scale = np.asarray(config.lqr.gain_scale, dtype=np.float64)
     if np.all(scale == 1.0):
         return design
