@@ -393,12 +393,18 @@ class PlantParameters:
         return cls(name=name, **values)
 
 
-def load_plant_parameters(path: str | Path, model: str) -> PlantParameters:
-    """Load one named model (e.g. ``model_1.1``) from a plant-models YAML file."""
+def plant_models(path: str | Path) -> Mapping[str, Any]:
+    """The ``models`` mapping of a plant-models YAML file; ConfigError naming it when the file is empty, a list or
+    has no ``models`` mapping (a caller that only checks a name must not crash on ``None.get``)."""
     data = read_yaml(path)
     if not isinstance(data, Mapping) or "models" not in data or not isinstance(data["models"], Mapping):
         raise ConfigError(path, "models", "missing: expected a mapping of model name -> parameters")
-    models = data["models"]
+    return data["models"]
+
+
+def load_plant_parameters(path: str | Path, model: str) -> PlantParameters:
+    """Load one named model (e.g. ``model_1.1``) from a plant-models YAML file."""
+    models = plant_models(path)
     if model not in models:
         raise ConfigError(path, f"models.{model}", f"unknown plant model (known: {sorted(models)})")
     return PlantParameters.from_mapping(models[model], model, path, f"models.{model}")

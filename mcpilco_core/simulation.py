@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import ConfigError, PlantParameters, RobotConfig, load_plant_parameters, read_yaml
+from .config import ConfigError, PlantParameters, RobotConfig, load_plant_parameters, plant_models, read_yaml
 from .plant import DoublePendulum
 
 MODE_CODES = {"policy": 0, "lqr": 1, "damping": 2, "safe": 3, "idle": 4, "reset": 5, "other": 6}
@@ -481,7 +481,7 @@ def robot_profile_from_mapping(data: Mapping, name: str, source: str | Path, pre
     models_path = None
     if model != "robot":
         models_path = Path(plant_models_file) if plant_models_file else Path(source).parent / PROFILES_PLANT_MODELS
-        models = read_yaml(models_path).get("models", {}) if models_path.is_file() else {}
+        models = plant_models(models_path) if models_path.is_file() else {}
         if model not in models:
             raise ConfigError(source, field_name("plant_model"),
                               f"{model!r} is not 'robot' nor a model of {models_path} (known: {sorted(models)})")

@@ -229,3 +229,14 @@ def test_profile_files_and_unknown_names(tmp_path, repo):
     assert profile.name == "bench" and profile.delay == 0.004 and profile.plant_model == "model_1.0"
     with pytest.raises(ConfigError, match="no such robot profile file"):
         load_robot_profile(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("models", ["", "- model_1.0\n", "models: [model_1.0]\n"])
+def test_a_profiles_broken_plant_models_file_names_it(tmp_path, models):
+    """The plant-models file beside a profile file, empty or a list, is a ConfigError naming it, not an
+    AttributeError from inside the profile's validation."""
+    (tmp_path / "plant_models.yaml").write_text(models)
+    own = tmp_path / "bench.yaml"
+    own.write_text("plant_model: model_1.0\ndelay: 0.004\n")
+    with pytest.raises(ConfigError, match=r"plant_models\.yaml: field 'models': missing"):
+        load_robot_profile(own)
