@@ -330,6 +330,7 @@ def unwrap_ros_parameters(data: Any, source: str | Path | None, node: str | None
     sections = {k: v for k, v in data.items() if isinstance(v, Mapping) and "ros__parameters" in v}
     if not sections:
         return dict(data)
+    _reject_values_outside_parameters(data, source)
     merged: dict = {}
     for key in ("/**", node):
         if key is not None and key in sections:
@@ -340,6 +341,20 @@ def unwrap_ros_parameters(data: Any, source: str | Path | None, node: str | None
     if not merged:
         raise ConfigError(source, "<root>", f"no '/**' or '{node}' section with ros__parameters")
     return merged
+
+
+def _reject_values_outside_parameters(data: Mapping, source: str | Path | None, prefix: str = "") -> None:
+    """A value among the node names of a ROS params file (e.g. ``u_max`` indented beside ``ros__parameters``
+    instead of under it) is an error naming it: rcl refuses such a file, so the CLI must not read it with that
+    setting silently left out. Mappings there are node names or namespaces and are walked in turn."""
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if key == "ros__parameters":
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(source, name, "a value outside ros__parameters (ROS refuses this file): indent it "
+                                            "under a node's ros__parameters")
+        _reject_values_outside_parameters(value, source, name)
 
 
 def _deep_update(target: dict, update: Mapping) -> None:

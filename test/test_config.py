@@ -1,5 +1,7 @@
 """Bad configuration gives an error that names the file and the field."""
 
+import re
+
 import pytest
 import yaml
 
@@ -82,6 +84,22 @@ def test_node_sections_merge_over_wildcard(tmp_path):
     merged = unwrap_ros_parameters(data, "x.yaml", "controller_node")
     assert merged["damping"] == {"gain": 2.0, "enabled": True}
     assert unwrap_ros_parameters(data, "x.yaml")["damping"]["gain"] == 1.0
+
+
+@pytest.mark.parametrize("where", ["/**", "<root>", "controller_node"])
+def test_a_value_outside_ros_parameters_is_refused(tmp_path, repo, where):
+    """u_max indented beside ros__parameters (or at the top level) is a file rcl refuses; the CLI must not load it
+    with u_max silently left at its value from elsewhere."""
+    data = yaml.safe_load((repo / "config" / "pendubot.yaml").read_text())
+    data["/**"]["ros__parameters"]["plant_models_file"] = str(repo / "config" / "plant_models.yaml")
+    (data if where == "<root>" else data[where])["u_max"] = 1.0
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    name = "u_max" if where == "<root>" else f"{where}.u_max"
+    with pytest.raises(ConfigError, match=f"field '{re.escape(name)}': a value outside ros__parameters"):
+        load_robot_config(path)
+    nested = {"/**": {"ros__parameters": {"robot": "pendubot"}}, "ns": {"node": {"ros__parameters": {"u_max": 1.0}}}}
+    assert unwrap_ros_parameters(nested, "x.yaml") == {"robot": "pendubot"}     # a namespace: valid ROS
 
 
 def test_fingerprint_changes_with_behaviour(repo, tmp_path):
