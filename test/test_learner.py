@@ -550,6 +550,18 @@ def test_train_config_errors_name_file_and_field(tmp_path):
         assert load_train_config(path).policy_u_max in (3.0, 6.0)
 
 
+@pytest.mark.parametrize("section, key", [("evaluation", "seeds"), ("initial_state", "disturbance_seeds"),
+                                          ("optimizer", "snapshot_seeds")])
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_protocol_seeds_out_of_numpys_range_are_refused_at_load(tmp_path, section, key, seed):
+    """evaluation.seeds [-1] loaded and stopped the run with numpy's ValueError only after the first trial's
+    optimisation; every protocol seed list is checked when the file is read."""
+    bad = tmp_path / "train.yaml"
+    bad.write_text(f"base: {CONFIG / 'train_tiny.yaml'}\n{section}: {{{key}: [100, {seed}]}}\n")
+    with pytest.raises(ConfigError, match=rf"train.yaml: field '{section}.{key}\[1\]': a seed must be in 0 \.\. 2"):
+        load_train_config(bad)
+
+
 def test_experiment_files_override_their_base(tmp_path):
     """`base:` merges mappings key by key, replaces anything else, keeps robot_config relative to its own file."""
     base = load_train_config(CONFIG / "train_acrobot_u6.yaml")

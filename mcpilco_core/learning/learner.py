@@ -327,9 +327,15 @@ def _prior_plant(r: ConfigReader, robot_path: Path) -> PlantParameters | None:
 
 
 def _int_list(reader: ConfigReader, key: str, default: list[int]) -> list[int]:
+    """A list of protocol seeds: each in numpy's seed range 0 .. 2**32 - 1, checked now -- a seed out of it would
+    stop the run only when it is first used, e.g. evaluation.seeds after the first trial's optimisation."""
     value = reader.raw(key, default)
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ConfigError(reader.source, reader.name(key), f"expected a list of integers, got {value!r}")
+    for i, seed in enumerate(value):
+        if not 0 <= seed < 2**32:
+            raise ConfigError(reader.source, f"{reader.name(key)}[{i}]",
+                              f"a seed must be in 0 .. 2**32 - 1, got {seed}")
     return value
 
 
