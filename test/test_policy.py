@@ -205,6 +205,20 @@ def test_cli_evaluate_and_export_report_a_bad_policy_and_exit_2(tmp_path, capsys
     assert str(bad) in capsys.readouterr().err and not (tmp_path / "out.np").exists()
 
 
+def test_cli_export_to_a_missing_folder_or_a_folder_exits_2(tmp_path, repo, capsys):
+    """`mcpilco export --realaigym` into a folder that does not exist, or onto a folder (--force), says so: no
+    FileNotFoundError / IsADirectoryError traceback, no stray '<folder>.tmp' file."""
+    from mcpilco_ros.cli import main
+
+    policy = repo / "policies" / "pendubot.npz"
+    assert main(["export", str(policy), "--realaigym", str(tmp_path / "nowhere" / "out.np")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "folder").mkdir()
+    assert main(["export", str(policy), "--realaigym", str(tmp_path / "folder"), "--force"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
 # --------------------------------------------------------------------------------------------------
 # Extreme but finite parameters and the policy's period (issue 13, item 3)
 

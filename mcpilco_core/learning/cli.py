@@ -418,6 +418,10 @@ def _run_identify(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from ..policy import export_realaigym, load_policy
 
+    if not args.realaigym.parent.is_dir() or args.realaigym.is_dir():   # said now, not as an OSError traceback
+        problem = "it is a folder" if args.realaigym.is_dir() else f"the folder {args.realaigym.parent} does not exist"
+        print(f"error: --realaigym {args.realaigym}: {problem}", file=sys.stderr)
+        return 2
     if args.realaigym.exists() and not args.force:
         print(f"error: {args.realaigym} exists; pass --force to replace it", file=sys.stderr)
         return 2
