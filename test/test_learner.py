@@ -581,6 +581,10 @@ def test_experiment_files_override_their_base(tmp_path):
     missing.write_text("base: nowhere.yaml\n")
     with pytest.raises(ConfigError, match="nowhere.yaml"):
         load_train_config(missing)
+    (tmp_path / "number.yaml").write_text("robot_config: 5\n")       # a base's robot_config that is no file name
+    (tmp_path / "inherits.yaml").write_text("base: number.yaml\n")
+    with pytest.raises(ConfigError, match=r"number.yaml: field 'robot_config': expected a string, got 5"):
+        load_train_config(tmp_path / "inherits.yaml")
 
 
 def test_auto_threads_follow_omp_num_threads(monkeypatch):

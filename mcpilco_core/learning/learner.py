@@ -179,6 +179,8 @@ def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(path, "base", f"{base} includes itself")
     merged = read_train_mapping(base_path, _chain + (path.resolve(),))
     if "robot_config" in merged and "robot_config" not in data:
+        if not isinstance(merged["robot_config"], str):   # checked here: it is rebased before the loader sees it
+            raise ConfigError(base_path, "robot_config", f"expected a string, got {merged['robot_config']!r}")
         merged["robot_config"] = os.path.relpath(base_path.parent / merged["robot_config"], path.parent)
     inherited = merged.get("policy", {}).get("initial") if isinstance(merged.get("policy"), dict) else None
     own = data.get("policy", {}) if isinstance(data.get("policy"), dict) else {}
