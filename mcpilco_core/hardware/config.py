@@ -24,6 +24,7 @@ from ..config import (
     ConfigError,
     ConfigReader,
     RobotJoints,
+    plant_models,
     read_yaml,
     robot_setting,
     section,
@@ -193,7 +194,7 @@ def _disturbance(reader: ConfigReader) -> DisturbanceConfig:
     reader.reject_unknown(setting_keys(DisturbanceConfig))
     values = reader.settings(DisturbanceConfig)
     models = plant_models_file()
-    known = (read_yaml(models) or {}).get("models", {}) if models.is_file() else {}
+    known = plant_models(models) if models.is_file() else {}
     if values["plant_model"] not in known:
         raise ConfigError(reader.source, reader.name("plant_model"),
                           f"{values['plant_model']!r} is not a model of {models} (known: {sorted(known)})")
