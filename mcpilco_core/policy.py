@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .config import ACTUATED_JOINT
+
 FORMAT = "mcpilco_policy"
 FORMAT_VERSION = 1
 FEATURE_ORDER = ("dq1", "dq2", "cos_q1", "cos_q2", "sin_q1", "sin_q2")
@@ -137,6 +139,8 @@ def validate_policy(policy: SumOfGaussiansPolicy, source: str | Path = "<policy>
         raise PolicyError(f"{source}: u_max must be a positive number, got {policy.u_max}")
     if torque_limit is not None and policy.u_max > torque_limit + 1e-12:
         raise PolicyError(f"{source}: u_max {policy.u_max} N m exceeds the torque limit {torque_limit} N m")
+    if policy.robot not in ACTUATED_JOINT:      # export reads a file without a robot to check it against
+        raise PolicyError(f"{source}: unknown robot {policy.robot!r} (known: {sorted(ACTUATED_JOINT)})")
     if robot is not None and policy.robot != robot:
         raise PolicyError(f"{source}: policy was trained for the {policy.robot}, not the {robot}")
     period = policy.control_period
@@ -281,6 +285,9 @@ def _load_npz(path: Path, max_member_bytes: int | None = None) -> SumOfGaussians
     for name in ("centers", "log_lengthscales", "weights"):
         if arrays[name].dtype.kind not in "biuf":
             raise PolicyError(f"{path}: array '{name}' must be numeric, got dtype {arrays[name].dtype}")
+    for name in ("u_max", "control_period"):
+        if isinstance(meta.get(name), (bool, str)):     # float() would take true as 1 N m and "3" as 3 N m
+            raise PolicyError(f"{path}: metadata '{name}' must be a number, got {meta[name]!r}")
     try:
         u_max, period = float(meta["u_max"]), float(meta["control_period"])
         robot = meta["robot"]
@@ -510,7 +517,7 @@ def import_realaigym(path: str | Path, robot: str, u_max: float | None = None,
         centers, log_lengthscales, weights = _realaigym_arrays(data, path, "the policy")
         bound = 3.0 if u_max is None else u_max
     elif isinstance(data, list) and len(data) == 2:
-        from .config import ACTUATED_JOINT, JOINT_NAMES
+        from .config import JOINT_NAMES
 
         if robot not in ACTUATED_JOINT:
             raise PolicyError(f"{path}: unknown robot {robot!r} for a two-element (per-joint) policy file")

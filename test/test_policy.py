@@ -167,6 +167,9 @@ MALFORMED_NPZ = {
     "feature_order_wrong": ({"feature_order": ["q1", "q2"]}, {}, "feature_order"),
     "u_max_text": ({"u_max": "three"}, {}, "u_max"),
     "u_max_list": ({"u_max": [3.0]}, {}, "u_max"),
+    "u_max_true": ({"u_max": True}, {}, "u_max"),
+    "u_max_numeric_text": ({"u_max": "3"}, {}, "u_max"),
+    "control_period_true": ({"control_period": True}, {}, "control_period"),
     "robot_number": ({"robot": 7}, {}, "robot"),
     "no_robot": ({"robot": None}, {}, "robot"),
     "weights_strings": (None, {"weights": np.array(["a", "b"])}, "numeric"),
@@ -181,6 +184,14 @@ def test_malformed_npz_is_a_policy_error_naming_the_file(tmp_path, case):
     with pytest.raises(PolicyError) as info:
         load_policy(path, robot="pendubot")
     assert str(path) in str(info.value) and reason in str(info.value)
+
+
+@pytest.mark.parametrize("robot", ["cartpole", ""])
+def test_a_policy_for_an_unknown_robot_is_refused_even_without_a_robot_to_check(tmp_path, robot):
+    """``mcpilco export`` loads a file without a robot to check it against: the file's own robot must be known."""
+    path = write_npz(tmp_path / "other.npz", {"robot": robot})
+    with pytest.raises(PolicyError, match="unknown robot"):
+        load_policy(path)
 
 
 @pytest.mark.parametrize("content", ["strings", "dicts", "list"])
