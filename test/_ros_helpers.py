@@ -57,14 +57,18 @@ class Rig:
             self.executor.spin_once(timeout_sec=0.02)
 
     def close(self) -> None:
-        """Stop and join the spinning thread, shut the executor down, then the context."""
+        """Stop and join the spinning thread, shut the executor down, destroy the nodes, then the context and its
+        DDS participant (now, not at some later garbage collection: a participant left alive keeps announcing its
+        nodes' endpoints to the next test's processes in this domain)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5)
+        nodes = list(self.executor.get_nodes())   # before shutdown(), which forgets them
         self.executor.shutdown()
-        for node in list(self.executor.get_nodes()):
+        for node in nodes:
             node.destroy_node()
         self.context.try_shutdown()
+        self.context.handle.destroy_when_not_in_use()   # Context.destroy() does this, but Humble's rclpy lacks it
 
     def call(self, client, request, timeout: float = 10.0):
         """Call a service (its server spins in this rig) and return the response."""

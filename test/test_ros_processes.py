@@ -13,6 +13,8 @@ import yaml
 
 pytest.importorskip("rclpy")
 from _ros_helpers import CONFIG, Peer, console_script, level, node_process, rig, ros_env, status_values, wait_for  # noqa: E402
+from rclpy.exceptions import InvalidHandle  # noqa: E402
+from rclpy.node import Node  # noqa: E402
 from std_srvs.srv import SetBool, Trigger  # noqa: E402
 
 from mcpilco_core.config import load_robot_config  # noqa: E402
@@ -26,6 +28,28 @@ pytestmark = pytest.mark.timeout(90)
 def params_file(path, sections: dict) -> str:
     path.write_text(yaml.safe_dump({n: {"ros__parameters": v} for n, v in sections.items()}), encoding="utf-8")
     return path
+
+
+def test_a_closed_rig_leaves_no_node_and_no_participant_behind():
+    """Every node of a closed rig is destroyed and so is its context (the DDS participant), even while the test
+    still holds them: a participant left to the garbage collector went on announcing a trainer_node's services
+    to the next test's processes, whose service call then went to that dead server (test_trainer_crash.py failed
+    after test_trainer_node.py)."""
+    with rig() as gone:
+        nodes = [gone.add(Node(f"closed_rig_node_{k}", context=gone.context)) for k in range(3)]
+        gone.start()
+    for node in nodes:
+        with pytest.raises(InvalidHandle):
+            node.get_name()
+    with pytest.raises(InvalidHandle), gone.context.handle:
+        pass
+    with rig() as present, rig() as r:
+        present.add(Node("present_node", context=present.context))
+        observer = r.add(Node("observer", context=r.context))
+        present.start()
+        r.start()
+        wait_for(lambda: "present_node" in observer.get_node_names(), what="the other participant discovered")
+        assert not [name for name in observer.get_node_names() if name.startswith("closed_rig_node")]
 
 
 def test_controller_balances_the_simulated_robot_across_processes(tmp_path):
