@@ -1,6 +1,7 @@
 """Linters run as tests, and the ROS-free core stays ROS-free."""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,28 @@ def test_core_never_imports_ros():
             offenders += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
                           if n.split(".")[0] in ROS_MODULES]
     assert not offenders, offenders
+
+
+def test_every_pin_installs_on_the_oldest_supported_python():
+    """A pinned release whose Requires-Python excludes setup.py's oldest Python (3.10: Humble's) carries a
+    ``python_version`` marker with a pin for the older Pythons (numpy 2.3 and scipy 1.16 need 3.11)."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    oldest = re.search(r'python_requires=">=(\d+\.\d+)"', (REPO / "setup.py").read_text()).group(1)
+    assert re.search(rf'target-version = "py{oldest.replace(".", "")}"', (REPO / "ruff.toml").read_text())
+    unfit = []
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line or "python_version" in line:
+            continue
+        requirement = Requirement(line)
+        try:
+            requires = metadata(requirement.name).get("Requires-Python") or ""
+        except PackageNotFoundError:
+            continue
+        if not SpecifierSet(requires).contains(oldest):
+            unfit.append(f"{line} (Requires-Python {requires})")
+    assert not unfit, f"not installable on Python {oldest}: {unfit}"
