@@ -8,8 +8,12 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 99))  # 1-99: tests (demo 100-199, benchmarks 200-229)
+# Imposed, not defaults: a domain, range or static peers exported for a robot would put the tests' nodes (a
+# controller_node publishing joint_commands) into that robot's graph wherever unshare -n is not available.
+if os.environ.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "OFF":
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ.pop("ROS_STATIC_PEERS", None)
+os.environ["ROS_DOMAIN_ID"] = str(1 + os.getpid() % 99)  # 1-99: tests (demo 100-199, benchmarks 200-229)
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_ros_log_"))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")

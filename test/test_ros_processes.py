@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,3 +125,16 @@ def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path, p
     if profile != "nominal":   # the controller saw delayed, noisy states and the motors lagged
         assert not np.array_equal(data["x_measured"], data["x"])
         assert np.any(data["u"][1:, 0] != data["u_cmd"][1:, 0])
+
+
+def test_the_tests_keep_their_own_domain_and_localhost_whatever_the_shell_exported():
+    """A ROS_DOMAIN_ID, discovery range or static peers exported for a robot must not reach the tests' nodes."""
+    shell = {**ros_env(), "ROS_DOMAIN_ID": "0", "ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET",
+             "ROS_STATIC_PEERS": "192.0.2.1"}
+    probe = ("import os, sys; sys.path.insert(0, 'test'); import conftest; "
+             "print(os.environ['ROS_DOMAIN_ID'], os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'], "
+             "os.environ.get('ROS_STATIC_PEERS'))")
+    done = subprocess.run([sys.executable, "-c", probe], env=shell, cwd=CONFIG.parent, capture_output=True, text=True,
+                          timeout=60, check=True)
+    domain, discovery, peers = done.stdout.split()
+    assert 1 <= int(domain) <= 99 and discovery == "LOCALHOST" and peers == "None"
