@@ -7,8 +7,9 @@ trajectory; this module prints the score and writes the plot. ``--compare`` also
 computation in-process for the same seed and prints the difference (the ROS path must not change behaviour).
 
 This module never imports rclpy (the nodes run in their own processes), so ``mcpilco_ros.cli`` may
-register it freely. Discovery stays on this machine (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` unless
-set) and the nodes get a private ``ROS_DOMAIN_ID`` unless one is set, so a demo never talks to a robot.
+register it freely. Discovery stays on this machine (``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``, on Humble
+``ROS_LOCALHOST_ONLY=1``, unless set) and the nodes get a private ``ROS_DOMAIN_ID`` unless one is set, so a demo
+never talks to a robot.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def ros_environment() -> dict[str, str]:
     """The nodes' environment: localhost discovery and a private domain unless the caller chose one."""
     env = dict(os.environ)
     env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if env.get("ROS_DISTRO") == "humble":   # Humble's rcl knows ROS_LOCALHOST_ONLY, not the range (Iron and newer)
+        env.setdefault("ROS_LOCALHOST_ONLY", "1")
     env.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
     env.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_demo_log_"))
     env.setdefault("AMENT_PREFIX_PATH", sys.prefix)

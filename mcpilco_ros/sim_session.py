@@ -65,7 +65,8 @@ from mcpilco_core.learning.cli import tolerance_arg
 
 from .demo import ROBOTS, node_command, ros_environment, stop_process, write_overrides
 
-ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID", "ROS_LOG_DIR", "AMENT_PREFIX_PATH")
+ROS_ENV_KEYS = ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOCALHOST_ONLY", "ROS_DOMAIN_ID", "ROS_LOG_DIR",
+                "AMENT_PREFIX_PATH")
 LOCKSTEP_TIMEOUT = 5.0      # s of wall time before the simulated robot steps without an answer (busy machine)
 WATCHDOG_TIMEOUT = 5.0      # s, the controller's: lockstep time is simulated, the wall clock may lag
 POLL = 0.02                 # s between checks of a condition
@@ -337,7 +338,8 @@ class SimSession:
         self.t0 = time.perf_counter()
         env = ros_environment()
         for key in ROS_ENV_KEYS:        # this process's own node must share the nodes' domain
-            os.environ[key] = env[key]
+            if key in env:
+                os.environ[key] = env[key]
         self.guard = InterruptGuard()
         self.nodes = NodeProcesses(self.out / "logs", env, self.guard)
         self.ros: RosClient | None = None

@@ -13,6 +13,8 @@ import tempfile
 if os.environ.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "OFF":
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.pop("ROS_STATIC_PEERS", None)
+if os.environ.get("ROS_DISTRO") == "humble":  # Humble's rcl knows ROS_LOCALHOST_ONLY, not the range (Iron and newer)
+    os.environ["ROS_LOCALHOST_ONLY"] = "1"
 os.environ["ROS_DOMAIN_ID"] = str(1 + os.getpid() % 99)  # 1-99: tests (demo 100-199, benchmarks 200-229)
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_ros_log_"))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)

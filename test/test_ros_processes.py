@@ -130,11 +130,23 @@ def test_lockstep_protocol_over_ros_reproduces_the_evaluator_exactly(tmp_path, p
 def test_the_tests_keep_their_own_domain_and_localhost_whatever_the_shell_exported():
     """A ROS_DOMAIN_ID, discovery range or static peers exported for a robot must not reach the tests' nodes."""
     shell = {**ros_env(), "ROS_DOMAIN_ID": "0", "ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET",
-             "ROS_STATIC_PEERS": "192.0.2.1"}
+             "ROS_STATIC_PEERS": "192.0.2.1", "ROS_DISTRO": "humble"}
     probe = ("import os, sys; sys.path.insert(0, 'test'); import conftest; "
              "print(os.environ['ROS_DOMAIN_ID'], os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'], "
-             "os.environ.get('ROS_STATIC_PEERS'))")
+             "os.environ.get('ROS_STATIC_PEERS'), os.environ.get('ROS_LOCALHOST_ONLY'))")
     done = subprocess.run([sys.executable, "-c", probe], env=shell, cwd=CONFIG.parent, capture_output=True, text=True,
                           timeout=60, check=True)
-    domain, discovery, peers = done.stdout.split()
+    domain, discovery, peers, localhost_only = done.stdout.split()
     assert 1 <= int(domain) <= 99 and discovery == "LOCALHOST" and peers == "None"
+    assert localhost_only == "1"    # Humble's rcl ignores ROS_AUTOMATIC_DISCOVERY_RANGE
+
+
+def test_demo_and_session_nodes_stay_on_this_machine_on_humble_too(monkeypatch):
+    from mcpilco_ros.demo import ros_environment
+
+    monkeypatch.delenv("ROS_LOCALHOST_ONLY", raising=False)
+    monkeypatch.setenv("ROS_DISTRO", "jazzy")
+    assert ros_environment()["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
+    assert "ROS_LOCALHOST_ONLY" not in ros_environment()     # deprecated from Jazzy on: a warning in every node
+    monkeypatch.setenv("ROS_DISTRO", "humble")
+    assert ros_environment()["ROS_LOCALHOST_ONLY"] == "1"
