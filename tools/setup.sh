@@ -27,11 +27,14 @@ stamp="$VENV/.mcpilco-setup"
 want=$(cat requirements.txt requirements-ros.txt setup.py | sha256sum | cut -d' ' -f1)-${ROS_DISTRO:-wheels}
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installing dependencies into $VENV (first time: about a minute)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQUIREMENTS[@]}" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
-  "$VENV/bin/python" -c "import torch, numpy, scipy, yaml, moteus, rosbags" \
+  # pip's own status decides (pipefail); only grep's "nothing left to print" is not a failure
+  pip_install() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+      | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  }
+  pip_install "${REQUIREMENTS[@]}" || { echo "error: installing the dependencies failed (above)" >&2; exit 1; }
+  pip_install --no-deps -e . || { echo "error: installing the package failed (above)" >&2; exit 1; }
+  "$VENV/bin/python" -c "import torch, numpy, scipy, yaml, moteus, rosbags, mcpilco_core" \
     || { echo "error: dependency installation failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

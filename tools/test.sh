@@ -9,9 +9,9 @@ bash tools/setup.sh
 source .venv/bin/activate
 source tools/ros_env.sh
 PYTEST=(python -m pytest -q -p no:cacheprovider "$@")
-if unshare -n true 2>/dev/null; then
+if unshare -n true 2>/dev/null && command -v ip >/dev/null; then
   echo "running the tests in a private network namespace"
   exec unshare -n bash -c 'ip link set lo up && exec "$@"' bash "${PYTEST[@]}"
 fi
-echo "unshare -n is not available here: running the tests with localhost-only ROS discovery"
+echo "unshare -n (or ip, to bring up its loopback) is not available here: running the tests with localhost-only ROS discovery"
 exec "${PYTEST[@]}"
