@@ -130,6 +130,26 @@ def test_zero_torque_until_commands_then_actuated_only(make_rig: Callable[..., R
     assert sample.fresh and sample.motors[0].mode == 10 and sample.tau[0] == pytest.approx(2.0, abs=0.01)
 
 
+def test_the_safety_check_gets_each_readings_can_transaction(make_rig: Callable[..., Rig]) -> None:
+    """The position-jump check times two readings by the CAN transactions that brought them, not by the cycles
+    that decide on them (a stalled cycle then a quick one looked like a jump: test_safety.py)."""
+    rig = make_rig(plant=True, start=False)
+    seen: list = []
+    update = rig.driver.safety.update
+
+    def spy(now, q, dq, modes, faults, measured=None):
+        seen.append((now, measured))
+        return update(now, q, dq, modes, faults, measured)
+
+    rig.driver.safety.update = spy
+    rig.runner.start()
+    wait_for(lambda: len(seen) > 20)
+    for (now, measured), (_, earlier) in zip(seen[2:], seen[1:]):
+        assert measured is not None and len(measured) == 2
+        for (since, until), (before_since, _) in zip(measured, earlier):
+            assert before_since <= since <= until <= now         # the previous cycle's transaction, before now
+
+
 def test_torque_is_clamped_to_the_joint_limit(make_rig: Callable[..., Rig]) -> None:
     rig = make_rig()
     rig.driver.set_command((100.0, 0.0))

@@ -61,6 +61,8 @@ class MotorStatus:
     voltage: float = math.nan
     temperature: float = math.nan
     replied: bool = False
+    measured_from: float = math.nan   # s, monotonic: the CAN transaction that brought this reply began...
+    measured_until: float = math.nan  # ...and ended (the reading was taken in between)
 
 
 @dataclass
@@ -158,13 +160,14 @@ class MoteusDriver:
 
     async def _startup_stop(self, index: int) -> bool:
         for _ in range(STARTUP_ATTEMPTS):
+            sent = self.clock()
             try:
                 results = await asyncio.wait_for(self.transport.cycle([stop_command(self.controllers[index])]),
                                                  self._startup_timeout())
             except CAN_ERRORS as exc:  # timeouts and send errors alike: try again
                 self.last_can_error = f"{type(exc).__name__}: {exc}"
                 continue
-            if self._store_replies(results, (self._can_ids[index],)):
+            if self._store_replies(results, (self._can_ids[index],), (sent, self.clock())):
                 return True
         return False
 
@@ -234,7 +237,10 @@ class MoteusDriver:
         now = self.clock()
         self.stats.cycle_started(now)
         q, dq, _ = self.joint_state()
-        decision = self.safety.update(now, q, dq, [m.mode for m in self.motors], [m.fault for m in self.motors])
+        measured = [(m.measured_from, m.measured_until) if math.isfinite(m.measured_from) else (now, now)
+                    for m in self.motors]
+        decision = self.safety.update(now, q, dq, [m.mode for m in self.motors], [m.fault for m in self.motors],
+                                      measured)
         window = self.disturbance.step(decision, q, dq)
         if window is not None:
             decision = dataclasses.replace(decision, torques=window.torques,
@@ -280,6 +286,7 @@ class MoteusDriver:
 
     async def _transact(self, commands: list) -> bool:
         t0 = time.perf_counter()
+        sent = self.clock()
         try:
             results = await asyncio.wait_for(self.transport.cycle(commands), self.config.transport.can_timeout)
         except CAN_TIMEOUT_ERRORS:
@@ -289,7 +296,7 @@ class MoteusDriver:
             self.stats.can_errors += 1
             return self._timed_out(self.last_can_error, "CAN error")
         self.stats.round_trip(time.perf_counter() - t0)
-        replied = self._store_replies(results, self._can_ids)
+        replied = self._store_replies(results, self._can_ids, (sent, self.clock()))
         if not replied:
             return self._timed_out("reply missing from " + ", ".join(
                 f"id {m.can_id}" for m in self.motors if not m.replied))
@@ -306,8 +313,10 @@ class MoteusDriver:
                                      f"({self._consecutive_timeouts} in a row): {what}")
         return False
 
-    def _store_replies(self, results: Sequence[Any], addressed: Collection[int]) -> bool:
-        """Copy replies into :attr:`motors`; True when every controller addressed this time (CAN ids) replied.
+    def _store_replies(self, results: Sequence[Any], addressed: Collection[int],
+                       transaction: tuple[float, float]) -> bool:
+        """Copy replies into :attr:`motors` with the ``transaction``'s monotonic start and end (s: each reading was
+        taken in between); True when every controller addressed this time (CAN ids) replied.
 
         Why by id: a transport that returns whatever arrived in time (a pi3hat router does) may bring one reply of
         two; counting that as a good cycle would freeze the silent motor's mode, fault and position unseen."""
@@ -316,6 +325,7 @@ class MoteusDriver:
             motor.replied = motor.can_id in by_id
             if motor.replied:
                 update_motor(motor, by_id[motor.can_id].values)
+                motor.measured_from, motor.measured_until = transaction
         return all(can_id in by_id for can_id in addressed)
 
     # ------------------------------------------------------------------ the periodic loop

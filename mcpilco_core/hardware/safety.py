@@ -67,8 +67,8 @@ class SafetySupervisor:
         self._state = SafetyState.WAITING
         self._reason = ""
         self._damping_until = 0.0
-        self._last_q: tuple[float, ...] | None = None     # the previous cycle's positions (rad) and their time (s)
-        self._last_q_time = 0.0
+        self._last_q: tuple[float, ...] | None = None     # the previous cycle's positions (rad) and, per joint,
+        self._last_q_from: tuple[float, ...] = ()          # the earliest time (s) each of them can have been taken
         self.clamped_commands = 0
 
     # ------------------------------------------------------------------ inputs
@@ -108,12 +108,17 @@ class SafetySupervisor:
 
     # ------------------------------------------------------------------ the decision
     def update(self, now: float, q: Sequence[float], dq: Sequence[float],
-               modes: Sequence[int], faults: Sequence[int]) -> SafetyDecision:
-        """Decide this cycle's torques from the measured state (rad, rad/s) at monotonic time ``now`` (s)."""
+               modes: Sequence[int], faults: Sequence[int],
+               measured: Sequence[tuple[float, float]] | None = None) -> SafetyDecision:
+        """Decide this cycle's torques from the measured state (rad, rad/s) at monotonic time ``now`` (s).
+
+        ``measured``: per joint, the monotonic interval (s) in which its reading was taken (the CAN transaction
+        that brought it); default: at ``now``. The position-jump check allows the motion of the longest time that
+        can lie between two readings, so a slow transaction followed by a quick one is not taken for a jump."""
         with self._lock:
             self._check_faults(modes, faults)
             self._check_finite(q, dq)
-            self._check_jump(now, q)
+            self._check_jump(q, measured if measured is not None else [(now, now)] * len(q))
             if self._state in LATCHED:
                 return SafetyDecision(self._state, (0.0, 0.0), True, self._reason)
             self._check_limits(now, q, dq)
@@ -142,13 +147,13 @@ class SafetySupervisor:
                                     f"encoder or bus fault")
                     return
 
-    def _check_jump(self, now: float, q: Sequence[float]) -> None:
-        last, last_time = self._last_q, self._last_q_time
-        self._last_q, self._last_q_time = tuple(float(v) for v in q), now
+    def _check_jump(self, q: Sequence[float], measured: Sequence[tuple[float, float]]) -> None:
+        last, last_from = self._last_q, self._last_q_from
+        self._last_q, self._last_q_from = tuple(float(v) for v in q), tuple(float(m[0]) for m in measured)
         if self._state in LATCHED or last is None:
             return
-        elapsed = max(now - last_time, 0.0)
-        for joint, qi, before in zip(self.config.joints, q, last):
+        for joint, qi, before, (_, until), since in zip(self.config.joints, q, last, measured, last_from):
+            elapsed = max(until - since, 0.0)      # the longest time between the two readings
             if abs(qi - before) > 2.0 * joint.velocity_limit * elapsed + JUMP_MARGIN:
                 self._state = SafetyState.FAULT
                 self._reason = (f"{joint.name} position jumped {qi - before:+.3f} rad in {elapsed * 1e3:.1f} ms, more "
