@@ -143,3 +143,26 @@ def test_end_effector_height_and_threshold(pendubot_plant):
     assert pendubot_plant.end_effector_height(np.array(GOAL)) == pytest.approx(0.5)
     assert pendubot_plant.end_effector_height(np.zeros(4)) == pytest.approx(-0.5)
     assert pendubot_plant.height_threshold == pytest.approx(0.45)
+
+
+def test_forward_dynamics_solves_the_documented_equation_with_unequal_joint_friction():
+    """M qdd = G + u - C dq - F(dq), F_i = b_i dq_i + cf_i atan(100 dq_i), on a plant whose joints have different
+    friction (the reference models have b1 = b2), so each joint's own b and cf are checked, and friction() with them."""
+    base = DoublePendulum.from_yaml(REPO / "config" / "pendubot.yaml").params
+    plant = DoublePendulum(base.__class__(**{**base.__dict__, "b": (0.003, 0.011), "cf": (0.05, 0.21),
+                                             "Ir": 6e-5, "name": "asymmetric"}))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-3.0, 3.0, (20, 4))
+    x[:3, 2:] = [[0.004, -0.002], [-0.001, 0.003], [0.0, 0.0]]     # slow: inside atan's steep part
+    u = rng.uniform(-2.0, 2.0, (20, 2))
+    friction = plant.friction(x[:, 2:])
+    expected_friction = np.array([[b * v + cf * math.atan(100.0 * v) for b, cf, v in zip((0.003, 0.011), (0.05, 0.21),
+                                                                                         row)] for row in x[:, 2:]])
+    np.testing.assert_allclose(friction, expected_friction, rtol=1e-14, atol=1e-16)
+    rhs = (plant.gravity_vector(x[:, :2]) + u - np.einsum("nij,nj->ni", plant.coriolis_matrix(x[:, :2], x[:, 2:]),
+                                                          x[:, 2:]) - expected_friction)
+    expected = np.linalg.solve(plant.mass_matrix(x[:, :2]), rhs[..., None])[..., 0]
+    np.testing.assert_allclose(plant.forward_dynamics(x, u), expected, rtol=1e-10, atol=1e-12)
+    for row, v in zip(x[:5], u[:5]):
+        np.testing.assert_allclose(plant.rk4_step_scalar(tuple(row), tuple(v), 0.002), plant.rk4_step(row, v, 0.002),
+                                   rtol=1e-13, atol=1e-15)
