@@ -10,6 +10,7 @@ from mcpilco_core.evaluation import (
     DT,
     ControllerSpec,
     DisturbanceSchedule,
+    EvaluationResult,
     ResetPerturbation,
     ResetPid,
     ZeroController,
@@ -395,3 +396,16 @@ def test_the_controller_starts_afresh_at_each_windows_hand_over(pendubot_config)
     windows = [w for w in result.windows if w[0] < 12.0]
     assert len(windows) >= 2 and controller.resets == 1 + len(windows)   # at the start, and after each window
     assert controller.reset_at[0] == 0 and all(k > 0 for k in controller.reset_at[1:])
+
+
+def test_summary_is_the_mean_and_population_std_of_the_scores():
+    def result(seed, score, passive):
+        return EvaluationResult(seed=seed, score=score, uptime=60.0 * score, passive_max_torque=passive,
+                                passive_max_applied_torque=0.0, mode_fractions={}, windows=[])
+
+    summary = summarize([result(0, 0.1, 0.0), result(1, 0.2, 0.0), result(2, 0.9, 0.0)])
+    assert summary["n"] == 3 and summary["scores"] == [0.1, 0.2, 0.9]
+    assert summary["mean"] == pytest.approx(0.4, abs=1e-15)
+    assert summary["std"] == pytest.approx(math.sqrt(((0.3 ** 2) + (0.2 ** 2) + (0.5 ** 2)) / 3), abs=1e-15)
+    assert summarize([result(0, 0.7, 0.25)]) == {"mean": 0.7, "std": 0.0, "n": 1, "passive_max_torque": 0.25,
+                                                 "scores": [0.7]}
