@@ -21,7 +21,7 @@ from mcpilco_core.evaluation import (
     summarize,
     uptime,
 )
-from mcpilco_core.plant import GOAL
+from mcpilco_core.plant import GOAL, DoublePendulum
 from mcpilco_ros import cli
 
 
@@ -409,3 +409,12 @@ def test_summary_is_the_mean_and_population_std_of_the_scores():
     assert summary["std"] == pytest.approx(math.sqrt(((0.3 ** 2) + (0.2 ** 2) + (0.5 ** 2)) / 3), abs=1e-15)
     assert summarize([result(0, 0.7, 0.25)]) == {"mean": 0.7, "std": 0.0, "n": 1, "passive_max_torque": 0.25,
                                                  "scores": [0.7]}
+
+
+def test_a_run_shorter_than_the_protocols_scores_over_its_own_duration(pendubot_config):
+    """The learner's judge and the tests run shorter protocols: the score is the uptime over the time simulated."""
+    result = evaluate_seed(ZeroController(), pendubot_config, seed=6, duration=12.0, keep_trajectory=True)
+    assert len(result.trajectory.u) == 6000 and result.uptime > 0.0
+    assert result.score == result.uptime / 12.0 == uptime(result.trajectory.t, result.trajectory.x,
+                                                          DoublePendulum(pendubot_config.plant)) / 12.0
+
