@@ -418,3 +418,14 @@ def test_a_run_shorter_than_the_protocols_scores_over_its_own_duration(pendubot_
     assert result.score == result.uptime / 12.0 == uptime(result.trajectory.t, result.trajectory.x,
                                                           DoublePendulum(pendubot_config.plant)) / 12.0
 
+
+def test_a_window_acts_while_its_timer_is_at_most_the_window(pendubot_plant):
+    """Checked before each step: a timer that reaches 0.2 s exactly still acts (at dt 0.1 s: timers 0, 0.1, 0.2)."""
+    from mcpilco_core.evaluation import DisturbanceWindow
+
+    for dt, steps in ((0.1, 3), (0.05, 5)):
+        window = DisturbanceWindow([0.3, -0.3], pendubot_plant, dt=dt)
+        k = 0
+        while window(k, k * dt, (0.0, 0.0, 0.0, 0.0)) is not None:
+            k += 1
+        assert window.steps == steps and window.finished
