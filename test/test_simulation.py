@@ -240,3 +240,16 @@ def test_a_profiles_broken_plant_models_file_names_it(tmp_path, models):
     own.write_text("plant_model: model_1.0\ndelay: 0.004\n")
     with pytest.raises(ConfigError, match=r"plant_models\.yaml: field 'models': missing"):
         load_robot_profile(own)
+
+
+def test_a_perturbed_profile_scales_each_parameter_by_its_documented_draw(pendubot_config):
+    """perturbation p: each parameter of model_1.0, index by index in the order m, l, r, I, Ir, b, cf, times
+    1 + U(-p, p) from np.random.default_rng(seed)."""
+    profile = load_robot_profile("perturbed:4")
+    base = load_robot_profile("hardware_proxy").plant_parameters(pendubot_config)
+    params = profile.plant_parameters(pendubot_config)
+    rng = np.random.default_rng(4)
+    for key in ("m", "l", "r", "I", "Ir", "b", "cf"):
+        for ours, nominal in zip(np.atleast_1d(getattr(params, key)), np.atleast_1d(getattr(base, key))):
+            assert ours == nominal * (1.0 + rng.uniform(-profile.perturbation, profile.perturbation)), key
+
