@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from mcpilco_core.config import ConfigError
-from mcpilco_core.plant import GOAL
+from mcpilco_core.plant import GOAL, DoublePendulum
 from mcpilco_core.simulation import (
     MODE_CODES,
     Imperfections,
@@ -253,3 +253,21 @@ def test_a_perturbed_profile_scales_each_parameter_by_its_documented_draw(pendub
         for ours, nominal in zip(np.atleast_1d(getattr(params, key)), np.atleast_1d(getattr(base, key))):
             assert ours == nominal * (1.0 + rng.uniform(-profile.perturbation, profile.perturbation)), key
 
+
+def test_a_perturbed_robot_is_scored_on_the_robot_configs_line(pendubot_config):
+    """The perturbed robot's links are not the config's, but the score line is the protocol's: 0.9 (l1 + l2) of the
+    robot config, in joint space the same for every profile."""
+    robot = SimulatedRobot.from_profile("perturbed:4", pendubot_config, 0, x0=GOAL)
+    assert robot.plant.params.l != pendubot_config.plant.l
+    assert robot.score_plant.params == pendubot_config.plant
+    # a state above the config's line and below the perturbed links' one (or the other way round) scores as the config's
+    config_plant = DoublePendulum(pendubot_config.plant)
+    q1 = np.linspace(1.5, 3.5, 4001)
+    states = np.stack([q1, np.full_like(q1, 0.8), np.zeros_like(q1), np.zeros_like(q1)], -1)
+    differ = ((config_plant.end_effector_height(states) > config_plant.height_threshold)
+              != (robot.plant.end_effector_height(states) > robot.plant.height_threshold))
+    state = states[np.flatnonzero(differ)[0]]
+    above_config_line = float(config_plant.end_effector_height(state) > config_plant.height_threshold)
+    scored = SimulatedRobot.from_profile("perturbed:4", pendubot_config, 0, x0=state)
+    scored.step((0.0, 0.0))
+    assert scored.finish().score == above_config_line
