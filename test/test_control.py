@@ -95,6 +95,20 @@ def test_damping_engages_with_hysteresis(repo):
     assert controller.mode == "idle"  # below the enter speed: no re-engagement
 
 
+def test_damping_watches_the_faster_joint_whichever_it_is(repo):
+    """max |dq| over both joints: a spinning passive joint engages the damping and keeps it, with the actuated joint
+    slow (its speed alone would not)."""
+    controller = load_controller(repo / "config" / "pendubot.yaml")
+    settings = controller.config.damping
+    spinning_elbow = np.array([0.0, 0.0, 1.0, settings.enter_speed + 1.0])
+    u = controller.step(spinning_elbow, 0.0)
+    assert controller.mode == "damping" and u[0] == pytest.approx(-settings.gain * 1.0) and u[1] == 0.0
+    controller.step(np.array([0.0, 0.0, 1.0, settings.exit_speed + 1.0]), 0.002)
+    assert controller.mode == "damping"
+    controller.step(np.array([0.0, 0.0, 1.0, settings.exit_speed - 1.0]), 0.004)
+    assert controller.mode == "idle"
+
+
 def test_acrobot_damping_acts_on_the_elbow_only(repo):
     controller = load_controller(repo / "config" / "acrobot.yaml")
     u = controller.step(np.array([0.0, 0.0, 25.0, -30.0]), 0.0)
