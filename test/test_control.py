@@ -161,6 +161,26 @@ def test_policy_runs_at_its_own_rate_with_zero_order_hold(pendubot_config):
     assert controller.mode == "idle"
 
 
+def test_a_late_state_keeps_the_policy_on_its_time_grid(pendubot_config):
+    """A policy tick evaluated late (a state that arrives after the tick's time) does not shift the grid: the next
+    tick is due one period after the missed one, not one period after the late state; a tick already in the past
+    restarts the grid from the state's time."""
+    controller = build_controller(pendubot_config)
+    policy = CountingPolicy()
+    controller.set_policy(policy)
+    x = np.zeros(4)
+    controller.step(x, 0.0)                     # tick at 0: next due at 0.02
+    controller.step(x, 0.025)                   # late: tick, next due at 0.04 (grid), not 0.045
+    assert policy.calls == 2
+    controller.step(x, 0.04)
+    assert policy.calls == 3                    # on the grid
+    controller.step(x, 0.2)                     # far behind: the grid restarts, next due at 0.22
+    controller.step(x, 0.21)
+    assert policy.calls == 4
+    controller.step(x, 0.22)
+    assert policy.calls == 5
+
+
 def test_lqr_hysteresis(pendubot_config):
     controller = build_controller(pendubot_config)
     design, rho, roa = controller.design, controller.rho, pendubot_config.roa
