@@ -211,6 +211,31 @@ def test_roa_estimate_is_simulated(pendubot_config):
     assert weak.rho < estimate.rho
 
 
+def test_roa_refinement_keeps_the_smallest_failure_and_samples_below_twice_it(pendubot_config, monkeypatch):
+    """estimate_roa's rounds (module docstring, step 5): round 1 samples V in (0, rho_max], each later round in
+    (0, 2 rho] of the previous one, the samples split between the rounds; rho = the smallest failing V seen overall."""
+    from mcpilco_core.control import roa
+
+    plant = DoublePendulum(pendubot_config.plant)
+    design = design_lqr(plant, 0, pendubot_config.lqr.Q_diag, pendubot_config.lqr.R)
+    settings = dataclasses.replace(pendubot_config.roa, samples=30, rho_max=50.0)
+    scripted = iter([np.array([9.0, 5.0]), np.array([7.0]), np.array([])])   # round 2 fails only above round 1's
+    asked = []
+
+    def failing(plant_, design_, limit, settings_, dt, upper, count, rng):
+        asked.append((upper, count))
+        return next(scripted)
+
+    monkeypatch.setattr(roa, "_failing_values", failing)
+    estimate = estimate_roa(plant, design, pendubot_config.torque_limit, settings, 0.002)
+    assert asked == [(50.0, 10), (10.0, 10), (10.0, 10)]
+    assert estimate == roa.RoaEstimate(rho=5.0, samples=30, failures=3, saturated=False)
+    scripted = iter([np.array([]), np.array([]), np.array([])])
+    asked.clear()
+    estimate = estimate_roa(plant, design, pendubot_config.torque_limit, settings, 0.002)
+    assert asked == [(50.0, 10)] * 3 and estimate == roa.RoaEstimate(rho=50.0, samples=30, failures=0, saturated=True)
+
+
 @pytest.mark.parametrize("robot,at_09", [("pendubot", 0.01), ("acrobot", 0.0)])
 def test_states_inside_the_shipped_roa_are_stabilised(repo, robot, at_09):
     """The README's numbers: of 1000 fresh states at 0.8 rho all are stabilised; at 0.9 rho at most 1 %
