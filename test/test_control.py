@@ -236,6 +236,27 @@ def test_roa_refinement_keeps_the_smallest_failure_and_samples_below_twice_it(pe
     assert asked == [(50.0, 10)] * 3 and estimate == roa.RoaEstimate(rho=50.0, samples=30, failures=0, saturated=True)
 
 
+def test_roa_samples_draw_v_uniformly_and_count_a_diverged_final_state_as_failed(pendubot_config, monkeypatch):
+    """_failing_values: V(x0) ~ U(0, upper) from the estimate's generator, then the directions; a sample whose
+    closed loop ends non-finite (NaN) fails, as does one that ends above converged_cost."""
+    from mcpilco_core.control import roa
+
+    plant = DoublePendulum(pendubot_config.plant)
+    design = design_lqr(plant, 0, pendubot_config.lqr.Q_diag, pendubot_config.lqr.R)
+    settings = pendubot_config.roa
+
+    def closed_loop(plant_, design_, x0, limit, dt, horizon):
+        final = np.tile(design.goal, (len(x0), 1))
+        final[0::3] = np.nan                      # diverged
+        final[1::3, 0] += 1.0                     # not converged
+        return final
+
+    monkeypatch.setattr(roa, "simulate_lqr", closed_loop)
+    values = np.random.default_rng(5).uniform(0.0, 4.0, 9)
+    failing = roa._failing_values(plant, design, 6.0, settings, 0.002, 4.0, 9, np.random.default_rng(5))
+    np.testing.assert_array_equal(failing, values[[0, 1, 3, 4, 6, 7]])
+
+
 @pytest.mark.parametrize("robot,at_09", [("pendubot", 0.01), ("acrobot", 0.0)])
 def test_states_inside_the_shipped_roa_are_stabilised(repo, robot, at_09):
     """The README's numbers: of 1000 fresh states at 0.8 rho all are stabilised; at 0.9 rho at most 1 %
