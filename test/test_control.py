@@ -257,6 +257,22 @@ def test_roa_samples_draw_v_uniformly_and_count_a_diverged_final_state_as_failed
     np.testing.assert_array_equal(failing, values[[0, 1, 3, 4, 6, 7]])
 
 
+def test_simulate_lqr_is_the_saturated_closed_loop_on_wrapped_angles(pendubot_config):
+    """One step: u = clip(-K (wrap(x) - goal)) on the actuated joint, 0 on the passive one, one RK4 step; a state
+    wound up by whole turns takes the same torque."""
+    plant = DoublePendulum(pendubot_config.plant)
+    design = design_lqr(plant, 0, pendubot_config.lqr.Q_diag, pendubot_config.lqr.R)
+    x0 = np.array([GOAL + [0.3, -0.2, 0.5, 1.0], GOAL + [0.001, 0.0, 0.0, 0.0]])
+    wound = x0 + [4 * math.pi, -2 * math.pi, 0.0, 0.0]
+    limit = 0.5
+    for start in (x0, wound):
+        final = simulate_lqr(plant, design, start, limit, 0.002, 0.002)
+        torque = np.clip(-(wrap_state(start) - GOAL) @ design.K[0], -limit, limit)
+        assert abs(torque[0]) == limit and abs(torque[1]) < limit       # one saturated, one not
+        expected = plant.rk4_step(start, np.stack([torque, np.zeros(2)], -1), 0.002)
+        np.testing.assert_allclose(final, expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("robot,at_09", [("pendubot", 0.01), ("acrobot", 0.0)])
 def test_states_inside_the_shipped_roa_are_stabilised(repo, robot, at_09):
     """The README's numbers: of 1000 fresh states at 0.8 rho all are stabilised; at 0.9 rho at most 1 %
