@@ -1,6 +1,7 @@
 """GP model: posterior against a closed-form exact GP, likelihood fit, Subset of Data behaviour."""
 
 import numpy as np
+import pytest
 import torch
 
 from mcpilco_core.learning.gp import (
@@ -143,3 +144,21 @@ def test_a_spike_kernel_stays_bounded_in_float32_and_the_lengthscale_floor_lifts
     fitted, history = fit_hyperparameters(spike, x, y, steps=60, lr=0.05, lengthscale_floor=0.05)
     assert np.all(fitted.lengthscales().numpy() >= floor * (1 - 1e-12)) and np.isfinite(history).all()
     assert bounded_predictions(fitted)
+
+
+def test_negative_log_marginal_likelihood_is_the_gaussians_per_sample():
+    """Sum over outputs of -log N(y_j; 0, K_j + s2_j I), divided by the number of samples (closed form)."""
+    from scipy.stats import multivariate_normal
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(25, 3))
+    y = np.stack([np.sin(x[:, 0]), x[:, 1] * x[:, 2]], -1) + 0.1 * rng.normal(size=(25, 2))
+    ls = np.array([[0.7, 1.3, 2.0], [1.1, 0.5, 0.9]])
+    sf2, s2 = np.array([0.8, 1.7]), np.array([0.01, 0.03])
+    expected = 0.0
+    for j in range(2):
+        d = (x[:, None, :] - x[None, :, :]) / ls[j]
+        cov = sf2[j] * np.exp(-0.5 * (d ** 2).sum(-1)) + s2[j] * np.eye(25)
+        expected -= multivariate_normal(np.zeros(25), cov).logpdf(y[:, j])
+    got = float(negative_log_marginal_likelihood(_hyper(ls, sf2, s2), torch.tensor(x), torch.tensor(y)))
+    assert got == pytest.approx(expected / 25, rel=1e-10)
