@@ -162,3 +162,26 @@ def test_negative_log_marginal_likelihood_is_the_gaussians_per_sample():
         expected -= multivariate_normal(np.zeros(25), cov).logpdf(y[:, j])
     got = float(negative_log_marginal_likelihood(_hyper(ls, sf2, s2), torch.tensor(x), torch.tensor(y)))
     assert got == pytest.approx(expected / 25, rel=1e-10)
+
+
+def test_subset_of_data_keeps_a_sample_exactly_when_its_std_exceeds_threshold_times_the_noise_std():
+    """Scanning in order, sample i joins iff the predictive variance of f at x_i given the samples kept before it
+    exceeds threshold^2 s2 (std > threshold x noise std); checked against the exact GP at every decision."""
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-2, 2, size=(60, 2))
+    ls, sf2, s2, threshold = np.array([[0.8, 0.8]]), 1.0, 0.01, 3.0
+    (chosen,) = select_subset(x, _hyper(ls, [sf2], [s2]), max_points=1000, threshold=threshold,
+                              order=np.arange(len(x)))
+    kept, skipped = [], 0
+    for i in range(len(x)):
+        if kept:
+            _, var = _exact(x[kept], np.zeros(len(kept)), x[i:i + 1], ls[0], sf2, s2)
+            var = float(var[0])
+        else:
+            var = sf2
+        assert abs(var - threshold ** 2 * s2) > 1e-9            # no decision on the edge
+        if var > threshold ** 2 * s2:
+            kept.append(i)
+        else:
+            skipped += 1
+    assert chosen.tolist() == kept and skipped > 5
