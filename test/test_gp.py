@@ -185,3 +185,14 @@ def test_subset_of_data_keeps_a_sample_exactly_when_its_std_exceeds_threshold_ti
         else:
             skipped += 1
     assert chosen.tolist() == kept and skipped > 5
+
+
+def test_initial_hyperparameters_follow_the_data():
+    """lengthscales = each input's std, sf2 = each residual's variance, noise variance = 1 % of it (floor included)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(200, 3)) * [0.5, 2.0, 7.0]
+    y = rng.normal(size=(200, 2)) * [0.3, 1.5]
+    hyper = GPHyperparameters.initial(x, y, noise_floor=1e-6)
+    np.testing.assert_allclose(hyper.lengthscales().numpy(), np.tile(x.std(axis=0), (2, 1)), rtol=1e-12)
+    np.testing.assert_allclose(hyper.signal_variance().numpy(), y.var(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(hyper.noise_variance().numpy(), 0.01 * y.var(axis=0), rtol=1e-9)
