@@ -333,6 +333,16 @@ def test_cost_wraps_angles_and_is_zero_at_goal():
     assert float(down) == pytest.approx(1 - math.exp(-(math.pi / 3) ** 2))
 
 
+def test_cost_lengthscales_are_per_joint():
+    """c = 1 - exp(-((|wrap q1| - pi) / l1)^2 - (wrap(q2) / l2)^2) with l1 != l2."""
+    settings = CostSettings(lengthscales=(2.0, 5.0))
+    states = torch.tensor(np.random.default_rng(3).uniform(-7.0, 7.0, (50, 4)))
+    q1 = np.remainder(states[:, 0].numpy() + math.pi, 2 * math.pi) - math.pi
+    q2 = np.remainder(states[:, 1].numpy() + math.pi, 2 * math.pi) - math.pi
+    expected = 1 - np.exp(-((np.abs(q1) - math.pi) / 2.0) ** 2 - (q2 / 5.0) ** 2)
+    np.testing.assert_allclose(saturated_cost(states, settings).numpy(), expected, rtol=1e-12, atol=1e-15)
+
+
 def test_roa_term_is_the_supervisors_lqr_cost_to_go(tmp_path):
     import numpy as np
 
