@@ -57,6 +57,15 @@ def test_policy_initialisation_follows_the_paper():
     assert np.all(policy.log_lengthscales.detach().numpy() == 0.0)
 
 
+def test_policy_initialisation_spans_the_torque_and_speed_ranges():
+    """w ~ U[-u_M, u_M] and velocity centres ~ U[-dq_range, dq_range]: the draws fill those ranges."""
+    for u_max, dq_range in ((3.0, 2 * math.pi), (6.0, 20.0)):
+        policy = TorchPolicy.random(400, u_max, torch.Generator().manual_seed(1), dq_range=dq_range)
+        weights, speeds = policy.weights.detach().numpy(), policy.centers.detach().numpy()[:, :2]
+        assert 0.95 * u_max < np.abs(weights).max() <= u_max and weights.min() < 0 < weights.max()
+        assert 0.95 * dq_range < np.abs(speeds).max() <= dq_range and speeds.min() < 0 < speeds.max()
+
+
 def test_dropout_mask_scales_kept_basis_outputs():
     policy = TorchPolicy.random(1000, 3.0, torch.Generator().manual_seed(2))
     policy.set_dropout(0.25, torch.Generator().manual_seed(3))
