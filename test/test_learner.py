@@ -495,6 +495,48 @@ def test_plateau_monitor_detects_noise_but_not_a_trend():
     assert not any(trend.update(100 - 0.5 * k + 0.1 * rng.normal()) for k in range(400))
 
 
+def test_each_plateau_halves_the_learning_rate_and_scales_the_dropout_until_the_minimum(monkeypatch):
+    """The optimiser's schedule (optimizer.py's docstring): at a plateau (once min_steps are done) lr x lr_factor, down
+    to lr_min, and dropout x dropout_factor; at a plateau with lr at lr_min it stops. The rate Adam steps with is the
+    scheduled one. Plateaus are scripted here (every 3rd step), the rollout a cheap function of the policy."""
+    from dataclasses import replace
+
+    from mcpilco_core.learning import optimizer as opt_module
+
+    class EveryThirdStep:
+        def __init__(self, *args):
+            self.calls, self.ratio = 0, 0.0
+
+        def update(self, cost):
+            self.calls += 1
+            return self.calls % 3 == 0
+
+    stepped_with = []
+
+    class RecordingAdam(torch.optim.Adam):
+        def step(self, closure=None):
+            stepped_with.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    def cheap_rollout(model, policy, x0, steps, generator, noise=None):
+        return torch.stack([x0, x0 + 0.1 * policy(x0).unsqueeze(-1)])
+
+    monkeypatch.setattr(opt_module, "PlateauMonitor", EveryThirdStep)
+    monkeypatch.setattr(opt_module, "rollout", cheap_rollout)
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    settings = replace(opt_module.OptimizerSettings(), lr=0.01, lr_min=0.003, lr_factor=0.5, dropout=0.2,
+                       dropout_factor=0.5, min_steps=5)
+    policy = TorchPolicy.random(5, 3.0, torch.Generator().manual_seed(0), dtype=torch.float64)
+    result = opt_module.optimize_policy(policy, None, lambda n, g: torch.rand(n, 4, generator=g, dtype=torch.float64),
+                                        4, 1, CostSettings(), settings, 100, torch.Generator().manual_seed(1),
+                                        progress=False)
+    # plateaus after steps 3 (before min_steps: ignored), 6, 9 and 12 (lr at its minimum: stop)
+    assert result.stop_reason == "plateau at the minimum learning rate" and result.steps == 12
+    assert result.lr == [0.01] * 6 + [0.005] * 3 + [0.003] * 3        # 0.0025 held at lr_min
+    assert result.dropout == pytest.approx([0.2] * 6 + [0.1] * 3 + [0.05] * 3)
+    assert stepped_with == result.lr
+
+
 def test_curriculum_and_initial_distribution():
     assert [curriculum_gamma(k, 5, 10) for k in (0, 5, 10, 15, 30)] == [0, 0, 0.5, 1, 1]
     config = load_train_config(CONFIG / "train_pendubot.yaml", "pendubot")
