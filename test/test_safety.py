@@ -284,3 +284,21 @@ def test_a_stalled_cycle_followed_by_a_quick_one_is_not_a_jump(robot: str) -> No
     q[joint] += 2.0 * math.pi / 6.0                     # a sixth of a turn within the next 2 ms transaction
     d = m.safety.update(0.0086, q, REST[1], OK_MODES, (0, 0), [(0.0066, 0.0071)] * 2)
     assert d.state is F and "jumped" in d.reason
+
+
+@pytest.mark.parametrize("robot", ROBOTS)
+@pytest.mark.parametrize("joint", JOINTS)
+def test_the_jump_bound_is_twice_the_velocity_limit_plus_five_hundredths_of_a_radian(robot: str, joint: int) -> None:
+    """The bound of a jump between two cycles: 2 * velocity_limit * interval + 0.05 rad (docs/faults.md). Just under
+    it is motion, either way; just over it is a fault."""
+    m = Machine(driver_config(robot))
+    m.command(actuated(m, 2.0))
+    bound = 2.0 * m.config.joints[joint].velocity_limit * 0.002 + 0.05
+    q = [0.0, 0.0]
+    assert m.step(q).state is A
+    for position in (0.99 * bound, 0.0, -0.99 * bound, 0.0):          # just under the bound, forward and back
+        q[joint] = position
+        assert m.step(q).state is A, m.safety.reason
+    q[joint] = 1.01 * bound                                           # just over it
+    d = m.step(q)
+    assert (d.state, d.stop) == (F, True) and "jumped" in d.reason
