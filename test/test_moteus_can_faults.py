@@ -76,19 +76,21 @@ def test_sustained_send_errors_latch_a_fault_then_both_motors_are_stopped(make_r
     assert rig.motor(0).mode == 0                      # latched
 
 
-def stop_under_faults(kind: str, count: float, can_id: int | None) -> tuple[bool, MoteusDriver, EmulatedBus]:
+def stop_under_faults(kind: str, count: float, can_id: int | None,
+                      robot: str = "pendubot") -> tuple[bool, MoteusDriver, EmulatedBus]:
     """A driver applying 2 N m, then CAN send failures, then ``stop_motors`` (no loop running beside it)."""
-    config = virtual_config(max_timeouts=1000)
+    config = virtual_config(robot, max_timeouts=1000)
     bus = robot_bus(config)
+    torqued = config.joints[config.actuated_joint].can_id
     with VirtualCanEmulator(bus, config.transport.channel):
         driver = MoteusDriver(config)
 
         async def scenario() -> bool:
             await driver.start()
-            driver.set_command((2.0, 0.0))
+            driver.set_command((2.0, 2.0))                  # the passive joint's share is dropped
             for _ in range(5):
                 await driver.cycle()
-            assert bus.motor(1).mode == 10 and bus.motor(1).torque == pytest.approx(2.0)
+            assert bus.motor(torqued).mode == 10 and bus.motor(torqued).torque == pytest.approx(2.0)
             CanSendFaults.on_transport(driver.transport).inject(kind, count, can_id)
             try:
                 return await driver.stop_motors()
@@ -110,6 +112,13 @@ def test_a_motor_that_cannot_be_reached_does_not_keep_the_other_from_stopping() 
     stopped, driver, bus = stop_under_faults("enobufs", math.inf, 2)   # every frame to the elbow fails
     assert not stopped and bus.motor(1).mode == 0                       # the torqued shoulder is stopped anyway
     assert "CanOperationError" in driver.last_can_error and "105" in driver.last_can_error
+
+
+def test_an_unreachable_shoulder_does_not_keep_the_acrobots_torqued_elbow_from_stopping() -> None:
+    """The acrobot's torqued motor comes second in the order of the stops: every frame to the (passive) shoulder
+    failing must not keep the elbow from being stopped."""
+    stopped, driver, bus = stop_under_faults("bus_off", math.inf, 1, robot="acrobot")
+    assert not stopped and bus.motor(2).mode == 0 and bus.motor(2).torque == 0.0
 
 
 def test_a_nan_reading_is_a_fault_that_stops_both(make_rig: Callable[..., Rig]) -> None:
