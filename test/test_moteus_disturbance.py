@@ -6,6 +6,7 @@ offers ~/disturb, names the window in diagnostics and marks its joint_states (fr
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import threading
@@ -20,6 +21,7 @@ from test_moteus_driver import Rig, closing_rigs, virtual_config, wait_for
 from mcpilco_core.config import ConfigError, load_plant_parameters
 from mcpilco_core.evaluation import DisturbanceTargets, DisturbanceWindow
 from mcpilco_core.hardware.config import DisturbanceConfig, driver_config_from_mapping, load_driver_config
+from mcpilco_core.hardware.emulator import raw_to_value
 from mcpilco_core.hardware.safety import SafetyState
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.simulation import RESET_FRAME
@@ -52,6 +54,13 @@ def started_rig() -> Iterator[Callable[..., Rig]]:
 
 def window_samples(rig: Rig) -> list:
     return [s for s in list(rig.samples) if s.disturbance is not None]
+
+
+def torque_commands(rig: Rig, joint: int) -> list[dict[int, float]]:
+    """The torque commands (register -> value) the joint's controller received among its kept frames."""
+    frames = list(rig.motor(joint).frames)
+    writes = [{reg: raw_to_value(reg, res, raw) for reg, res, raw in f.writes} for f in frames]
+    return [w for w in writes if 0x025 in w]         # a maximum_torque write: a torque command
 
 
 @pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
@@ -249,3 +258,19 @@ def test_the_window_never_exceeds_the_actuated_joints_own_limit(started_rig):
     assert len(torques) > 10 and np.abs(torques[:, 0]).max() == pytest.approx(1.0)   # saturated at the joint's
     assert np.abs(torques[:, 1]).max() > 1.0                                          # the passive motor: 6 N m
     assert rig.driver.disturbance.limits == (1.0, 6.0)
+
+
+def test_window_commands_carry_the_firmware_watchdog_on_both_motors(started_rig):
+    """Inside a window both motors are torqued: every command carries the driver's watchdog_timeout, so a driver
+    that dies mid-window leaves neither motor torqued for longer than that (the passive one included)."""
+    rig = started_rig(disturbance_config("pendubot"))
+    for joint in (0, 1):
+        rig.motor(joint).frames = collections.deque(maxlen=5000)     # keep every frame of the window
+    wait_for(lambda: len(rig.samples) > 10)
+    assert rig.driver.request_disturbance()[0]
+    wait_for(lambda: rig.driver.disturbance.windows[-1]["outcome"] not in ("armed", "running"), timeout=10)
+    passive = torque_commands(rig, rig.config.passive_joint)
+    assert len(passive) >= 10 and len(window_samples(rig)) >= 10   # the passive motor's only torque commands
+    for joint in (0, 1):
+        commands = torque_commands(rig, joint)
+        assert [c[0x027] for c in commands] == pytest.approx([rig.config.watchdog_timeout] * len(commands))
