@@ -250,6 +250,8 @@ def test_the_window_never_exceeds_the_actuated_joints_own_limit(started_rig):
     config = disturbance_config("pendubot", limit=6.0)
     shoulder = dataclasses.replace(config.joints[0], torque_limit=1.0)
     rig = started_rig(dataclasses.replace(config, joints=(shoulder, config.joints[1])))
+    for joint in (0, 1):
+        rig.motor(joint).frames = collections.deque(maxlen=5000)     # keep every frame of the window
     wait_for(lambda: len(rig.samples) > 10)
     ok, message = rig.driver.request_disturbance()
     assert ok, message
@@ -258,6 +260,11 @@ def test_the_window_never_exceeds_the_actuated_joints_own_limit(started_rig):
     assert len(torques) > 10 and np.abs(torques[:, 0]).max() == pytest.approx(1.0)   # saturated at the joint's
     assert np.abs(torques[:, 1]).max() > 1.0                                          # the passive motor: 6 N m
     assert rig.driver.disturbance.limits == (1.0, 6.0)
+    # the moteus maximum_torque: the shoulder's 1 N m in and out of the window, the window's 6 N m on the elbow
+    shoulder_max = [c[0x025] for c in torque_commands(rig, 0)]
+    elbow_max = [c[0x025] for c in torque_commands(rig, 1)]
+    assert len(elbow_max) > 10 and shoulder_max == pytest.approx([1.0] * len(shoulder_max))
+    assert elbow_max == pytest.approx([6.0] * len(elbow_max))
 
 
 def test_window_commands_carry_the_firmware_watchdog_on_both_motors(started_rig):
