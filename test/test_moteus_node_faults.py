@@ -84,3 +84,26 @@ def test_cycles_without_a_reply_are_not_published_as_measurements(tmp_path: Path
         wait_for(lambda: (st := loop_status(probe)) is not None and st.values and
                  any(kv.key == "stale_states" and int(kv.value) > 0 for kv in st.values),
                  what="diagnostics counting the stale cycles")
+
+
+@pytest.mark.timeout(40)
+def test_commands_that_stop_coming_are_stale_and_zero_the_torque(tmp_path: Path) -> None:
+    """The node stamps each command with its arrival time: once commands stop (a dead controller), the torque goes to
+    zero after command_timeout (here 0.25 s; 3 s allowed on a loaded machine) and comes back with fresh commands."""
+    channel = f"node-{uuid.uuid4().hex}"
+    path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
+                                            f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
+                       watchdog=0.5)
+    path.write_text(path.read_text().replace("command_timeout: 0.05", "command_timeout: 0.25"))
+    bus = robot_bus(load_driver_config(path))
+    with driver_node_in_process(path, bus, channel) as (node, probe):
+        shoulder = bus.motor(1)
+        wait_for(lambda: len(probe.states) > 5 and probe.commands.get_subscription_count() > 0,
+                 what="joint_states and joint_commands matched")
+        wait_for(lambda: (probe.command((1.5, 0.0)), shoulder.commands[0x022] == pytest.approx(1.5))[1],
+                 what="a command reaching the actuated motor")
+        wait_for(lambda: node.driver.safety.state.value == "stale" and shoulder.commands[0x022] == 0.0, timeout=3.0,
+                 what="zero torque once the commands are stale")
+        assert shoulder.mode == 10                          # fed with zero torque: no stop, no watchdog trip
+        wait_for(lambda: (probe.command((-1.0, 0.0)), shoulder.commands[0x022] == pytest.approx(-1.0))[1],
+                 what="fresh commands: torque again")
