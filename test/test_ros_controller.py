@@ -150,6 +150,18 @@ def test_watchdog_zeroes_torque_reports_error_and_recovers():
         wait_for(lambda: level(peer.last_status("controller")) == OK, what="diagnostics back to OK")
 
 
+def test_shutdown_when_armed_publishes_a_zero_command():
+    """On the way out (run_node calls on_shutdown) an armed controller publishes a zero command, so the driver stops
+    at once instead of at its command_timeout; well before the 5 s watchdog could publish one."""
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True)
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=1_000_000))
+        wait_for(lambda: len(answers(peer)) == 1, what="a command")
+        count = len(peer.received)
+        controller.on_shutdown()
+        wait_for(lambda: len(peer.received) > count, timeout=2.0, what="the zero command on shutdown")
+        assert peer.received[-1].header.frame_id == "safe" and list(peer.received[-1].effort) == [0.0, 0.0]
+
 def test_reload_policy_swaps_a_good_file_and_keeps_the_old_one_on_a_bad_file(tmp_path):
     first = save_policy(random_policy(1), tmp_path / "first.npz")
     with rig() as r:
