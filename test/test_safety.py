@@ -241,20 +241,21 @@ def test_reset_clears_a_latch_and_needs_fresh_commands(machine: Machine) -> None
 
 @pytest.mark.parametrize("robot", ROBOTS)
 @pytest.mark.parametrize("joint", JOINTS)
-def test_a_position_jump_no_motion_could_make_is_a_fault(robot: str, joint: int) -> None:
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_position_jump_no_motion_could_make_is_a_fault(robot: str, joint: int, sign: float) -> None:
     """A moteus that reset (brown-out) comes back with its multi-turn count lost: the joint angle jumps by a
-    fraction of a turn between two cycles. That is no motion (more than twice the velocity limit would allow), and
-    running on with the wrong angle is not safe: both stopped, the joint named."""
+    fraction of a turn between two cycles, either way. That is no motion (more than twice the velocity limit would
+    allow), and running on with the wrong angle is not safe: both stopped, the joint named."""
     m = Machine(driver_config(robot))
     m.command(actuated(m, 2.0))
     limit = m.config.joints[joint].velocity_limit
     q = [0.0, 0.0]
     assert m.step(q).state is A
-    q[joint] = 0.9 * limit * 0.002                                 # fast, but motion: fine
+    q[joint] = sign * 0.9 * limit * 0.002                          # fast, but motion: fine
     assert m.step(q).state is A
-    q[joint] += 0.5 * limit * 0.010                                # after 10 ms without a cycle: still motion
+    q[joint] += sign * 0.5 * limit * 0.010                         # after 10 ms without a cycle: still motion
     assert m.step(q, dt=0.010).state is A
-    q[joint] += 2.0 * math.pi / 6.0                                # a sixth of a turn in 2 ms
+    q[joint] += sign * 2.0 * math.pi / 6.0                         # a sixth of a turn in 2 ms
     d = m.step(q)
     assert (d.state, d.stop, d.torques) == (F, True, (0.0, 0.0))
     assert m.config.joints[joint].name in d.reason and "jumped" in d.reason
