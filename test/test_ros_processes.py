@@ -5,6 +5,7 @@ protocol run that must reproduce ``mcpilco evaluate`` exactly."""
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 
@@ -13,7 +14,18 @@ import pytest
 import yaml
 
 pytest.importorskip("rclpy")
-from _ros_helpers import CONFIG, Peer, console_script, level, node_process, rig, ros_env, status_values, wait_for  # noqa: E402
+from _ros_helpers import (  # noqa: E402
+    CONFIG,
+    Peer,
+    console_script,
+    joint_state,
+    level,
+    node_process,
+    rig,
+    ros_env,
+    status_values,
+    wait_for,
+)
 from rclpy.exceptions import InvalidHandle  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from std_srvs.srv import SetBool, Trigger  # noqa: E402
@@ -82,6 +94,26 @@ def test_controller_balances_the_simulated_robot_across_processes(tmp_path):
         count = len(observer.received)
         wait_for(lambda: len(observer.received) > count + 20, 10, "states after stop")
         assert tuple(observer.received[-1].effort) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signalled_armed_controller_process_publishes_a_zero_command_on_its_way_out(tmp_path, sig):
+    """run_node calls the node's on_shutdown on SIGINT and on SIGTERM (what a launch or systemd sends): the armed
+    controller's last message is a zero command, so the driver stops at once; long before the controller's 10 s
+    watchdog could publish one, and the process exits 0."""
+    overrides = params_file(tmp_path / "o.yaml", {"controller_node": {"arm_on_start": True, "watchdog_timeout": 10.0}})
+    log = tmp_path / "controller.log"
+    with node_process("controller_node", CONFIG / "pendubot.yaml", overrides, log=log) as proc, rig() as r:
+        peer = r.add(Peer(r.context, "joint_states", "joint_commands"))
+        r.start()
+        state = joint_state((math.pi + 0.05, -0.02), stamp_ns=1_000_000)    # upright: the LQR answers
+        wait_for(lambda: len(peer.received) > 0 or peer.pub.publish(state), 30, "an answer from the controller process")
+        count = len(peer.received)
+        assert all(m.header.frame_id == "lqr" for m in peer.received)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0, log.read_text()
+        wait_for(lambda: len(peer.received) > count, 5, "the zero command on the way out")
+        assert peer.received[-1].header.frame_id == "safe" and list(peer.received[-1].effort) == [0.0, 0.0]
 
 
 def test_bad_parameter_file_exits_with_the_reason(tmp_path):
