@@ -133,6 +133,16 @@ def test_bad_messages_are_refused_counted_and_never_commanded():
                  and status_values(st)["refused_names"] == "3", what="refused counts in diagnostics")
 
 
+def test_a_message_naming_a_third_joint_is_refused_even_with_two_values():
+    """Names must be exactly shoulder and elbow: a message that also names a third joint is malformed, even when its
+    arrays hold two values (states and commands alike: the drivers parse commands with the same check)."""
+    from mcpilco_ros._messages import effort_from_message, state_from_message
+
+    names = ("shoulder", "elbow", "wrist")
+    assert state_from_message(joint_state(UPRIGHT, names=names)) == (None, "names")
+    assert effort_from_message(joint_state(q=(), dq=(), effort=(1.0, 0.0), names=names)) == (None, "names")
+
+
 def test_watchdog_zeroes_torque_reports_error_and_recovers():
     with rig() as r:
         controller, peer = connected(r, arm_on_start=True, watchdog_timeout=0.1)
