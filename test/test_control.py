@@ -79,6 +79,17 @@ def test_non_finite_or_malformed_state_gives_zero_torque(repo, bad):
     assert controller.mode == "lqr"  # recovers on the next good state
 
 
+def test_a_non_finite_policy_output_is_safe_and_the_next_state_asks_the_policy_again(pendubot_config):
+    """A policy that returns NaN (a broken file slipped through, an overflow) gives zero torque in mode ``safe``, and
+    its NaN is not held for the rest of the policy period: the next state evaluates the policy afresh."""
+    controller = build_controller(pendubot_config)
+    outputs = iter([math.nan, 1.5])
+    controller.set_policy(lambda x: next(outputs))
+    x = np.zeros(4)  # hanging down at rest: outside the ROA, slow
+    assert np.all(controller.step(x, 0.0) == 0.0) and controller.mode == "safe"
+    assert list(controller.step(x, 0.002)) == [1.5, 0.0] and controller.mode == "policy"
+
+
 def test_damping_engages_with_hysteresis(repo):
     controller = load_controller(repo / "config" / "pendubot.yaml")
     settings = controller.config.damping
