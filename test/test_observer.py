@@ -153,3 +153,20 @@ def test_a_non_finite_state_is_safe_and_the_next_one_is_taken_as_measured(tmp_pa
         supervisor.step(near + [0, 0, 0.05 * (-1) ** k, 0], k * DT)
     assert np.all(supervisor.step(np.array([np.nan, 0, 0, 0]), 20 * DT) == 0.0) and supervisor.mode == "safe"
     np.testing.assert_array_equal(supervisor.step(near, 21 * DT), plain.step(near, 21 * DT))
+
+
+def test_a_non_finite_torque_is_safe_and_the_next_state_is_taken_as_measured(tmp_path):
+    """Safe mode from a NaN torque (not a NaN state) restarts the estimate too: the next state, one period later, is
+    taken as measured, as after a bad state (an estimate gone non-finite would otherwise keep the controller safe)."""
+    config = load_robot_config(robot_file(tmp_path, **ON))
+    supervisor, act = build_controller(config), config.actuated_joint
+    broken = False
+    supervisor.set_policy(lambda x: math.nan if broken else float(x[2]))
+    low = np.array([0.3, 0.2, 0.5, -0.4])                 # outside the ROA, slow: the policy acts
+    for k in range(20):
+        supervisor.step(low + [0, 0, 0.05 * (-1) ** k, 0], k * DT)
+    assert supervisor.mode == "policy"
+    broken = True
+    assert np.all(supervisor.step(low, 20 * DT) == 0.0) and supervisor.mode == "safe"
+    broken = False
+    assert supervisor.step(low, 21 * DT)[act] == low[2] and supervisor.mode == "policy"   # of the measurement
