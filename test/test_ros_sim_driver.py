@@ -4,6 +4,7 @@ commands, ~/stop, and the deterministic lockstep clock."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -115,6 +116,25 @@ def test_lockstep_steps_once_per_answer_and_falls_back_on_timeout():
         wait_for(lambda: sim.counters["lockstep_timeouts"] >= 1, what="lockstep timeout fallback")
         wait_for(lambda: any(stamp_ns(m) == 4_000_000 for m in peer.received), what="state 2")
         assert tuple(next(m for m in peer.received if stamp_ns(m) == 4_000_000).effort) == (0.0, 0.0)
+
+
+def test_lockstep_waits_for_the_first_answer_and_republishes_a_late_one_for_lockstep_timeout():
+    """Lockstep never steps before the first answer (the controller may still be starting), however long that takes;
+    after it, an unanswered state is re-published every 50 ms and only lockstep_timeout s after it went out does the
+    robot step on with zero torque."""
+    with rig() as r:
+        sim, peer = connected(r, mode="lockstep", lockstep_timeout=0.5)
+        wait_for(lambda: len(peer.received) >= 1, what="state 0")
+        time.sleep(1.2)                                             # more than twice lockstep_timeout: no answer yet
+        assert sim.k == 0 and sim.counters["lockstep_timeouts"] == 0
+        assert len(peer.received) >= 3 and {stamp_ns(m) for m in peer.received} == {0}    # state 0, re-published
+
+        sent = time.monotonic()
+        peer.pub.publish(command((1.0, 0.0), stamp=0))              # the first answer: state 1, then nobody answers
+        wait_for(lambda: sim.counters["lockstep_timeouts"] == 1, what="lockstep timeout fallback")
+        assert time.monotonic() - sent >= 0.5                       # not before lockstep_timeout
+        assert sim.counters["republished"] >= 1
+        assert sum(stamp_ns(m) == 2_000_000 for m in peer.received) >= 2    # state 1 went out again meanwhile
 
 
 @pytest.mark.parametrize("overrides, parameter", [
