@@ -107,3 +107,29 @@ def test_commands_that_stop_coming_are_stale_and_zero_the_torque(tmp_path: Path)
         assert shoulder.mode == 10                          # fed with zero torque: no stop, no watchdog trip
         wait_for(lambda: (probe.command((-1.0, 0.0)), shoulder.commands[0x022] == pytest.approx(-1.0))[1],
                  what="fresh commands: torque again")
+
+
+@pytest.mark.timeout(40)
+def test_a_dead_driver_loop_stops_both_motors_and_ends_the_node_with_exit_code_1(tmp_path: Path) -> None:
+    """An exception in the driver's loop (here: its cycle) stops both motors, and the node asks run_node to leave with
+    exit code 1: a launch file or systemd must see that the driver died, not a clean exit."""
+    channel = f"node-{uuid.uuid4().hex}"
+    path = params_file(tmp_path, "pendubot", f"      kind: pythoncan\n      interface: virtual\n      channel: "
+                                            f"{channel}\n      can_timeout: 0.2\n      max_consecutive_timeouts: 20\n",
+                       watchdog=0.5)
+    bus = robot_bus(load_driver_config(path))
+    with driver_node_in_process(path, bus, channel) as (node, probe):
+        shoulder = bus.motor(1)
+        wait_for(lambda: len(probe.states) > 5 and probe.commands.get_subscription_count() > 0,
+                 what="joint_states and joint_commands matched")
+        wait_for(lambda: (probe.command((1.5, 0.0)), shoulder.commands[0x022] == pytest.approx(1.5))[1],
+                 what="a command reaching the actuated motor")
+        assert not node.done.is_set() and node.exit_code == 0
+
+        async def broken_cycle():
+            raise RuntimeError("the CAN adapter went away")
+
+        node.driver.cycle = broken_cycle
+        wait_for(node.done.is_set, what="the node asking to leave")
+        assert node.exit_code == 1 and "CAN adapter" in repr(node.runner.error)
+        assert shoulder.mode == 0 and bus.motor(2).mode == 0 and node.runner.stopped_cleanly
