@@ -131,3 +131,26 @@ def test_run_node_keeps_what_it_built_out_of_the_cyclic_collector_while_it_spins
     assert run_node(Quick, "quick_node", ["quick_node"]) == 0
     assert seen and seen[0] > 10_000                # the process's objects, frozen while the node ran
     assert gc.get_freeze_count() == 0               # and given back to the collector after
+
+
+def test_run_node_returns_the_exit_code_of_a_node_that_asks_to_leave():
+    """A node that sets ``exit_code`` and ``done`` (moteus_driver_node when its driver loop died) ends run_node with
+    that code, after its on_shutdown: the process exits non-zero, so a launch file or systemd sees the failure."""
+    import threading
+
+    from rclpy.node import Node
+
+    calls: list[bool] = []
+
+    class Failing(Node):
+        def __init__(self) -> None:
+            super().__init__("failing_node")
+            self.done = threading.Event()
+            self.exit_code = 1
+            self.done.set()
+
+        def on_shutdown(self) -> None:
+            calls.append(True)
+
+    assert run_node(Failing, "failing_node", ["failing_node"]) == 1
+    assert calls == [True]
