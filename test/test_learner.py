@@ -495,6 +495,15 @@ def test_plateau_monitor_detects_noise_but_not_a_trend():
     assert not any(trend.update(100 - 0.5 * k + 0.1 * rng.normal()) for k in range(400))
 
 
+def test_plateau_monitor_corrects_the_startup_bias_of_its_averages():
+    """The moving averages start at 0: divided by their weight 1 - a^n, the first changes of a steady descent give
+    their true mean and no spread (a trend), instead of a mean shrunk towards 0 that reads as noise and stops the
+    learning-rate schedule in its first steps."""
+    monitor = PlateauMonitor(0.97, 0.5, 5)
+    assert not any(monitor.update(100.0 - k) for k in range(10))
+    assert monitor.ratio > 10.0
+
+
 def test_each_plateau_halves_the_learning_rate_and_scales_the_dropout_until_the_minimum(monkeypatch):
     """The optimiser's schedule (optimizer.py's docstring): at a plateau (once min_steps are done) lr x lr_factor, down
     to lr_min, and dropout x dropout_factor; at a plateau with lr at lr_min it stops. The rate Adam steps with is the
