@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from mcpilco_core import recording
 from mcpilco_core.config import load_robot_config
+from mcpilco_core.recording.salvage import _salvage_messages
 from mcpilco_core.recording.transitions import transitions_from_trajectory
 
 TS = get_typestore(Stores.ROS2_JAZZY)
@@ -186,6 +188,22 @@ def test_crash_mid_trial_is_recoverable(tmp_path, pendubot_config, repo, storage
     assert loaded.problems == [] and len(loaded.trials) == 2
     assert len(loaded.trials[1]) >= 1000 * 0.002 / 0.02 - 1
     np.testing.assert_allclose(loaded.trials[1].u[:, 0], 0.5)
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_the_recorder_flushes_on_its_own_so_a_crash_loses_at_most_flush_period(tmp_path, storage):
+    """What a crash leaves on disk, without anyone calling flush() (the crash test above flushes by hand): right
+    after opening, a valid bag without messages; with flush_period 0, every message written so far."""
+    opened = recording.TrialRecorder(tmp_path / "opened", storage=storage, flush_period=1e9)
+    shutil.copytree(opened.partial, tmp_path / "opened_crash")           # the files as a crash right now leaves them
+    assert list(_salvage_messages(tmp_path / "opened_crash")) == []      # readable storage, nothing lost yet
+    opened.close()
+    recorder = recording.TrialRecorder(tmp_path / "bag", storage=storage, flush_period=0.0)
+    write_stream(recorder, *simple_trial(21))
+    shutil.copytree(recorder.partial, tmp_path / "crash")
+    counts = recording.salvage_bag(tmp_path / "crash", tmp_path / "salvaged")
+    assert counts == {"joint_commands": 20, "joint_states": 21}
+    recorder.close()
 
 
 def _bag_without_commands(path: Path) -> None:
