@@ -118,6 +118,9 @@ def test_metadata_as_rosbag2_tools_expect(tmp_path, storage, version):
     assert info["custom_data"]["mcpilco.robot"] == "pendubot"
     with Reader(final) as reader:
         assert reader.message_count == 21
+        # the bag's message time is the receive time handed in (ns), as `ros2 bag play` replays it
+        stamps = sorted(timestamp for _, timestamp, _ in reader.messages())
+    assert stamps == sorted([T0 + k * DT_NS for k in range(11)] + [T0 + k * DT_NS + 1000 for k in range(10)])
 
 
 def test_recorder_never_overwrites(tmp_path):
