@@ -313,6 +313,19 @@ def test_mismatched_robot_is_refused(tmp_path, pendubot_config, acrobot_config):
     assert len(recording.load_trial(tmp_path / "plain", acrobot_config)) == 19
 
 
+def test_a_lone_bag_is_checked_by_its_own_metadata(tmp_path, pendubot_config):
+    """Without a session.yaml beside it, a bag's robot and policy version come from its custom_data
+    (``mcpilco.robot``, ``mcpilco.policy_version``): an acrobot bag copied among pendubot bags is refused."""
+    for name, robot in (("acro", "acrobot"), ("pendu", "pendubot")):
+        recorder = recording.TrialRecorder(tmp_path / "bags" / name, custom_data={"robot": robot,
+                                                                                 "policy_version": "v7"})
+        write_stream(recorder, *simple_trial(101))
+        recorder.close()
+    result = recording.load_sessions([tmp_path / "bags"], pendubot_config)
+    assert [Path(t.source).name for t in result.trials] == ["pendu"] and result.trials[0].policy_version == "v7"
+    assert len(result.problems) == 1 and "recorded on the acrobot" in result.problems[0].reason
+
+
 def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
     """A folder of bags as `ros2 bag record` leaves them (no session.yaml, no custom data, joints reordered,
     diagnostics present, commands without a mode) loads too."""
