@@ -326,6 +326,20 @@ def test_a_lone_bag_is_checked_by_its_own_metadata(tmp_path, pendubot_config):
     assert len(result.problems) == 1 and "recorded on the acrobot" in result.problems[0].reason
 
 
+def test_a_bag_whose_topics_have_other_types_is_refused_naming_them(tmp_path, pendubot_config):
+    with Writer(tmp_path / "bag", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        states = writer.add_connection("joint_states", recording.JOINT_STATE_TYPE, typestore=TS)
+        commands = writer.add_connection("joint_commands", recording.DIAGNOSTICS_TYPE, typestore=TS)
+        empty = TS.types[recording.DIAGNOSTICS_TYPE](header=HEADER(stamp=TIME(sec=0, nanosec=0), frame_id=""),
+                                                     status=[])
+        for k in range(50):
+            ns = T0 + k * DT_NS
+            writer.write(states, ns, joint_state(ns, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)))
+            writer.write(commands, ns, bytes(TS.serialize_cdr(empty, recording.DIAGNOSTICS_TYPE)))
+    with pytest.raises(recording.TrialError, match="joint_commands has type diagnostic_msgs/msg/DiagnosticArray"):
+        recording.read_bag(tmp_path / "bag")
+
+
 def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
     """A folder of bags as `ros2 bag record` leaves them (no session.yaml, no custom data, joints reordered,
     diagnostics present, commands without a mode) loads too."""
