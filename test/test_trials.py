@@ -340,6 +340,22 @@ def test_a_bag_whose_topics_have_other_types_is_refused_naming_them(tmp_path, pe
         recording.read_bag(tmp_path / "bag")
 
 
+def test_messages_of_other_joints_are_ignored_not_the_whole_bag(tmp_path, pendubot_config):
+    """Another node publishing joint_states of other joints (a gripper's) into the recording: those messages are
+    skipped, the robot's own ones make the trial."""
+    x, applied, commands, modes = simple_trial(101)
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    write_stream(recorder, x, applied, commands, modes)
+    for k in range(0, 101, 10):
+        ns = T0 + k * DT_NS + 500
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (9.0, 9.0), (9.0, 9.0), (9.0, 9.0),
+                                                          names=("finger", "wrist")), ns)
+    raw = recording.read_bag(recorder.close())
+    assert len(raw.state_t) == 101 and np.array_equal(raw.q, x[:, :2])
+    trial = recording.load_trial(tmp_path / "bag", pendubot_config)
+    assert trial.valid.all() and np.allclose(trial.u[:, 0], 0.5)
+
+
 def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
     """A folder of bags as `ros2 bag record` leaves them (no session.yaml, no custom data, joints reordered,
     diagnostics present, commands without a mode) loads too."""
