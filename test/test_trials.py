@@ -380,6 +380,20 @@ def test_ros2_bag_record_layout_reads(tmp_path, pendubot_config):
     assert set(trial.mode) == {recording.UNKNOWN_MODE}
 
 
+def test_commands_with_their_joints_in_another_order_give_the_actuated_torque(tmp_path, pendubot_config):
+    """States without effort: the torque is the commanded one, read by joint name as the states are (a
+    `ros2 bag record` of a controller naming elbow first)."""
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(101):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.0, 0.0), (0.0, 0.0)), ns)
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(0.0, 0.7), frame="policy",
+                                                            names=("elbow", "shoulder")), ns + 1000)
+    trial = recording.load_trial(recorder.close(), pendubot_config)
+    assert trial.torque_source == recording.COMMAND_TOPIC and trial.valid.all()
+    np.testing.assert_allclose(trial.u, [[0.7, 0.0]] * len(trial))
+
+
 def test_fast_joint_state_parser_matches_rosbags():
     rng = np.random.default_rng(0)
     for _ in range(200):
