@@ -4,6 +4,7 @@ policy -> controller's parameter set + ~/reload_policy. The retrain uses the rea
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +99,23 @@ def test_fixed_trial_length_stops_by_itself(tmp_path):
     info = yaml.safe_load((tmp_path / "session" / "trial_000" / "metadata.yaml").read_text())
     assert info["rosbag2_bagfile_information"]["version"] == 8
     assert info["rosbag2_bagfile_information"]["storage_identifier"] == "sqlite3"
+
+
+def test_a_trial_stopped_by_hand_leaves_no_timer_to_cut_the_next_one_short(tmp_path):
+    """trial_duration 1 s: trial 0 is stopped by hand at once, trial 1 starts 0.5 s later and runs its full 1 s
+    (trial 0's timer, had it lived on, would stop it after 0.5 s)."""
+    with rig() as r:
+        trainer = r.add(make_trainer(r.context, tmp_path, trial_duration=1.0))
+        robot = Publisher(r)
+        r.start()
+        assert r.call(robot.start, Trigger.Request()).success
+        assert r.call(robot.stop, Trigger.Request()).success
+        time.sleep(0.5)
+        assert r.call(robot.start, Trigger.Request()).success
+        started = time.monotonic()
+        wait_for(lambda: trainer.recorder is None, timeout=10, what="trial 1 stopped after trial_duration")
+        assert time.monotonic() - started > 0.8
+    assert (tmp_path / "session" / "trial_001" / "metadata.yaml").is_file()
 
 
 def test_retrain_exports_a_new_policy_and_the_controller_reloads_it(tmp_path, pendubot_config, tiny_config):  # noqa: F811
