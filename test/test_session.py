@@ -234,6 +234,28 @@ def test_the_bag_closes_after_the_trainer_recorded_the_final_state_or_after_a_wa
     assert len(said) == 1
 
 
+def test_an_unfinished_trial_without_its_record_counts_the_span_of_its_bag(tmp_path):
+    """The simulated robot died before writing its record file: the trial's robot time is the span of the states
+    its bag holds (0.5 s here), the bag closed by the trainer's shutdown or left partial by a trainer that died too."""
+    from test_trials import joint_state
+
+    from mcpilco_core import recording
+
+    session = SimSession(SessionOptions(robot="pendubot", train_config=TINY, out=tmp_path / "run", trials=3,
+                                        quiet=True))
+    assert session._robot_time_of_unfinished_trial(1) is None                 # nothing says
+    for k in (1, 2):
+        recorder = recording.TrialRecorder(session.out / "session" / f"trial_{k:03d}", flush_period=0.0)
+        for j in range(251):
+            ns = 1_700_000_000_000_000_000 + j * 2_000_000
+            recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)), ns + 10**9)
+        if k == 1:
+            recorder.close()
+    assert session._robot_time_of_unfinished_trial(1) == pytest.approx(0.5)   # the closed bag
+    assert session._robot_time_of_unfinished_trial(2) == pytest.approx(0.5)   # the partial one
+    recorder.close()
+
+
 def test_a_session_that_fails_mid_way_still_counts_its_robot_time(tmp_path, monkeypatch):
     """Trial 0 ran (3 s), trial 1's simulated robot died after writing 0.5 s of its record: session.json says
     "aborted", why, and counts 3.5 s."""
