@@ -394,6 +394,24 @@ def test_commands_with_their_joints_in_another_order_give_the_actuated_torque(tm
     np.testing.assert_allclose(trial.u, [[0.7, 0.0]] * len(trial))
 
 
+def test_commands_arriving_out_of_stamp_order_are_used_by_their_stamps(tmp_path, pendubot_config):
+    """The commanded torque (states without effort) and the mode come from the newest command stamped at or before
+    each interval's start, whatever order the commands reached the recorder in."""
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(101):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.0, 0.0), (0.0, 0.0)), ns)
+    for k in reversed(range(101)):                     # the first stamp arrives last
+        torque, mode = (1.0, "policy") if k < 50 else (2.0, "lqr")
+        ns = T0 + k * DT_NS
+        received = T0 + (101 - k) * DT_NS
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(torque, 0.0), frame=mode), received)
+    trial = recording.load_trial(recorder.close(), pendubot_config)
+    assert trial.torque_source == recording.COMMAND_TOPIC and trial.valid.all() and len(trial) == 10
+    np.testing.assert_allclose(trial.u[:, 0], [1.0] * 5 + [2.0] * 5)
+    assert list(trial.mode) == ["policy"] * 5 + ["lqr"] * 5
+
+
 def test_fast_joint_state_parser_matches_rosbags():
     rng = np.random.default_rng(0)
     for _ in range(200):
