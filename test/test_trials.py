@@ -412,6 +412,19 @@ def test_commands_arriving_out_of_stamp_order_are_used_by_their_stamps(tmp_path,
     assert list(trial.mode) == ["policy"] * 5 + ["lqr"] * 5
 
 
+def test_a_command_with_a_non_finite_torque_is_dropped_with_a_note(tmp_path, pendubot_config):
+    """States without effort: a NaN command is dropped (the one before it holds), not averaged into the data."""
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(101):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.0, 0.0), (0.0, 0.0)), ns)
+        torque = np.nan if k == 40 else 0.5
+        recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=(torque, 0.0), frame="policy"), ns + 1000)
+    trial = recording.load_trial(recorder.close(), pendubot_config)
+    assert "dropped 1 joint_commands message(s) with non-finite torques" in trial.notes
+    assert trial.valid.all() and np.array_equal(trial.u[:, 0], [0.5] * 10)
+
+
 def test_fast_joint_state_parser_matches_rosbags():
     rng = np.random.default_rng(0)
     for _ in range(200):
