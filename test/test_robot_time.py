@@ -82,6 +82,7 @@ def test_a_disturbance_trial_torques_the_passive_joint_only_inside_its_window(pe
     assert np.abs(traj.x[n, 2:]).max() > 3.0               # it handed over a fast state
     trial = recorded_trial(traj, pendubot_config)            # as its bag reads
     assert list(np.flatnonzero(~trial.valid)) == list(range(10)) and set(trial.mode[:10]) == {"reset"}
+    assert list(np.flatnonzero(~trial.states.valid)) == list(range(n))    # at the state rate: the window's steps
     data = trial.transitions(pendubot_config.actuated_joint)
     assert len(data) == 50 and data.u_prev[0] == trial.u[9, 0] != 0.0   # the window's last 20 ms came before
     np.testing.assert_array_equal(data.x, traj.extras["x_measured"][n:-1:10])   # what the sensors reported
