@@ -550,6 +550,10 @@ def test_a_bag_without_usable_states_is_skipped_with_the_reason(tmp_path, pendub
     reasons = {Path(p.path).name: p.reason for p in result.problems}
     assert "0 usable joint_states" in reasons["nan"] and "101 dropped" in reasons["nan"]
     assert "longer than" in reasons["long"] and "3600" in reasons["long"]
+    x, applied, _, _ = simple_trial(9)                 # 9 states 10 ms apart: 80 ms, but below min_states (10)
+    few = _bag_with(tmp_path / "few", x, applied, T0 + np.arange(9) * 5 * DT_NS)
+    with pytest.raises(recording.TrialError, match="only 9 usable joint_states"):
+        recording.load_trial(few, pendubot_config)
 
 
 def test_a_state_without_effort_or_with_a_third_one_does_not_switch_the_trial_to_commanded_torque(
