@@ -61,6 +61,31 @@ def test_retrain_exports_versioned_policies_and_skips_bad_bags(tmp_path, pendubo
     assert history["retrains"][1]["warm_start_model"].endswith("model_000.npz")
 
 
+def test_retrain_learns_from_the_actuated_joints_torque_and_the_trials_recordings(tmp_path, pendubot_config,
+                                                                                   tiny_config, monkeypatch):
+    """What the learner is handed before it fits: the sessions' transitions with the actuated joint's torque (the
+    shoulder on the pendubot; the elbow's is 0) and every trial at the state rate."""
+    from mcpilco_core.learning import retrain as retrain_module
+    from mcpilco_core.learning.learner import load_train_config
+
+    simulated_session(tmp_path / "s", pendubot_config)
+    seen = {}
+
+    def capture(learner, trial_index):  # noqa: ANN001, ANN202
+        seen.update(data=learner.data, recordings=learner.recordings)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(retrain_module, "optimize_policy_from_data", capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        retrain_module.retrain(load_train_config(tiny_config), [tmp_path / "s"], tmp_path / "run")
+    loaded = recording.load_sessions([tmp_path / "s"], pendubot_config)
+    expected = loaded.transitions(pendubot_config.actuated_joint)
+    assert len(seen["data"]) == len(expected) == 100 and np.abs(expected.u).max() > 0.5
+    for name in ("x", "u", "x_next", "u_prev"):
+        np.testing.assert_array_equal(getattr(seen["data"], name), getattr(expected, name))
+    assert len(seen["recordings"]) == 2
+
+
 def test_retrain_refuses_without_usable_trials(tmp_path, tiny_config, capsys):
     (tmp_path / "empty").mkdir()
     code = retrain_main(["retrain", "--sessions", str(tmp_path / "empty"), "--out", str(tmp_path / "run"),
