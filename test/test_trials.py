@@ -189,6 +189,9 @@ def test_crash_mid_trial_is_recoverable(tmp_path, pendubot_config, repo, storage
     assert entry["status"] == "recovered" and entry["messages"]["joint_states"] >= 1000
     loaded = recording.load_sessions([root], pendubot_config)
     assert loaded.problems == [] and len(loaded.trials) == 2
+    # the salvaged bag says what it is: recovered, and the policy version the trial ran (retrain's pool needs it)
+    assert loaded.trials[1].policy_version == "v2"
+    assert recording.read_bag(root / "trial_001").custom["recovered"] == "true"
     assert len(loaded.trials[1]) >= 1000 * 0.002 / 0.02 - 1
     np.testing.assert_allclose(loaded.trials[1].u[:, 0], 0.5)
 
