@@ -137,6 +137,8 @@ def test_session_yaml_lists_trials(tmp_path, pendubot_config):
     assert all(t["status"] == "complete" and t["policy_version"] == "v1" for t in info["trials"])
     assert info["trials"][0]["messages"]["joint_states"] == 501
     assert session.bags() == [tmp_path / "s" / "trial_000", tmp_path / "s" / "trial_001"]
+    loaded = recording.load_sessions([tmp_path / "s"], pendubot_config)
+    assert [t.policy_version for t in loaded.trials] == ["v1", "v1"]      # in each bag too, for retrain's pool
 
 
 CRASH_SCRIPT = textwrap.dedent("""
