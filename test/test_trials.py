@@ -139,6 +139,10 @@ def test_session_yaml_lists_trials(tmp_path, pendubot_config):
     assert session.bags() == [tmp_path / "s" / "trial_000", tmp_path / "s" / "trial_001"]
     loaded = recording.load_sessions([tmp_path / "s"], pendubot_config)
     assert [t.policy_version for t in loaded.trials] == ["v1", "v1"]      # in each bag too, for retrain's pool
+    # reopening the session directory for another robot is refused (a session is one robot's)
+    with pytest.raises(recording.TrialError, match="session of the pendubot, not the acrobot"):
+        recording.SessionDirectory.create(tmp_path / "s", load_robot_config(Path(__file__).parent.parent / "config"
+                                                                            / "acrobot.yaml"))
 
 
 CRASH_SCRIPT = textwrap.dedent("""
