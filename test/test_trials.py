@@ -403,6 +403,24 @@ def test_commands_with_their_joints_in_another_order_give_the_actuated_torque(tm
     np.testing.assert_allclose(trial.u, [[0.7, 0.0]] * len(trial))
 
 
+def test_without_state_efforts_the_newest_command_clipped_to_the_limits_is_the_torque(tmp_path, pendubot_config):
+    """The commanded-torque fallback: interval i takes the newest command stamped at or before its start (each
+    command answers the state before it here), clipped to the joint's torque limit; intervals before the first
+    command have no torque to learn from and are not valid."""
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(101):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, (0.0, 0.0), (0.0, 0.0)), ns)
+        if k >= 30:                                    # the controller's first command answers state 30
+            torque = 9.0 if k == 49 else 0.01 * k      # 9 N m: above the pendubot's 6 N m limit
+            recorder.write(recording.COMMAND_TOPIC, joint_state(ns + 1000, effort=(torque, 0.0), frame="policy"),
+                           ns + 1000)
+    trial = recording.load_trial(recorder.close(), pendubot_config)
+    assert trial.torque_source == recording.COMMAND_TOPIC
+    assert list(trial.valid) == [False] * 4 + [True] * 6
+    np.testing.assert_allclose(trial.u[4:, 0], [0.39, 6.0, 0.59, 0.69, 0.79, 0.89])
+
+
 def test_commands_arriving_out_of_stamp_order_are_used_by_their_stamps(tmp_path, pendubot_config):
     """The commanded torque (states without effort) and the mode come from the newest command stamped at or before
     each interval's start, whatever order the commands reached the recorder in."""
