@@ -452,6 +452,27 @@ def test_a_command_with_a_non_finite_torque_is_dropped_with_a_note(tmp_path, pen
     assert trial.valid.all() and np.array_equal(trial.u[:, 0], [0.5] * 10)
 
 
+def test_the_state_rate_recording_pairs_each_step_with_its_applied_and_commanded_torque(tmp_path, pendubot_config):
+    """trial.states (what the robot's identification learns from): step k -> k+1 gets the effort of state k+1 (applied
+    over the step ending there) and the command stamped with state k; a step whose own command is missing gets none
+    (NaN), not an older one."""
+    n = 101
+    x, applied, _, _ = simple_trial(n)
+    applied[1:, 0] = 0.01 * np.arange(1, n)           # a different torque every step
+    recorder = recording.TrialRecorder(tmp_path / "bag")
+    for k in range(n):
+        ns = T0 + k * DT_NS
+        recorder.write(recording.STATE_TOPIC, joint_state(ns, x[k, :2], x[k, 2:], applied[k]), ns)
+        if k < n - 1 and not 50 <= k < 55:            # the controller answers state k with what acts over step k
+            recorder.write(recording.COMMAND_TOPIC, joint_state(ns, effort=applied[k + 1], frame="policy"), ns + 1000)
+    states = recording.load_trial(recorder.close(), pendubot_config).states
+    assert states.valid.all() and states.dt == pytest.approx(0.002)
+    np.testing.assert_allclose(states.effort[:, 0], applied[1:, 0])
+    expected = applied[1:, 0].copy()
+    expected[50:55] = np.nan
+    np.testing.assert_allclose(states.command[:, 0], expected)
+
+
 def test_fast_joint_state_parser_matches_rosbags():
     rng = np.random.default_rng(0)
     for _ in range(200):
