@@ -303,6 +303,16 @@ def test_matches_the_learners_resampling_of_a_simulated_trial(tmp_path, pendubot
     assert got.u_prev[0] == 0.0 and np.allclose(got.u_prev[1:], got.u[:-1], atol=1e-12)
 
 
+def test_transitions_of_several_trials_keep_each_ones_previous_command():
+    """LoadResult.transitions and the learner join trials with concat: each transition's u_prev (the delay-aware
+    model's input) stays its own, and an unknown one (None) is taken equal to u."""
+    first = recording.TransitionData(np.zeros((2, 4)), np.array([1.0, 2.0]), np.ones((2, 4)), np.array([0.0, 1.0]))
+    second = recording.TransitionData(np.zeros((1, 4)), np.array([3.0]), np.ones((1, 4)))
+    assert np.array_equal(second.u_prev, [3.0])
+    joined = recording.TransitionData.empty().concat(first).concat(second)
+    assert np.array_equal(joined.u, [1.0, 2.0, 3.0]) and np.array_equal(joined.u_prev, [0.0, 1.0, 3.0])
+
+
 def test_mismatched_robot_is_refused(tmp_path, pendubot_config, acrobot_config):
     record_session(tmp_path / "acro", acrobot_config)
     record_session(tmp_path / "pendu", pendubot_config)
