@@ -12,7 +12,7 @@ import pytest
 from test_friction_compensation import robot_file as config_with
 
 from mcpilco_core.config import ConfigError, load_robot_config
-from mcpilco_core.control import build_controller
+from mcpilco_core.control import Supervisor, build_controller
 from mcpilco_core.control.roa import sample_sublevel_states
 from mcpilco_core.plant import wrap_state
 from mcpilco_core.simulation import drive, load_robot_profile
@@ -100,3 +100,19 @@ def test_on_the_friction_robot_the_dither_lets_the_lqr_hold_the_top():
     x0s = sample_sublevel_states(supervisor.design, np.full(12, 0.5 * supervisor.rho), np.random.default_rng(0))
     assert caught(plain, "hardware_proxy", x0s) == 0
     assert caught(shaken, "hardware_proxy", x0s) >= 9
+
+
+def test_the_shake_is_added_to_the_lqrs_own_torque_and_only_the_sum_is_clipped(tmp_path):
+    """Where the LQR alone asks for more than the limit, a shake against it lowers the torque below the limit: the
+    sum is clipped, not the LQR's torque first (that would take the whole shake off the limit)."""
+    config = load_robot_config(robot_file(tmp_path, amplitude=2.0, frequency=5.0, shape="square"))
+    design = build_controller(config).design
+    for sign, dt in ((1.0, 0.15), (-1.0, 0.05)):            # 3/4 and 1/4 of the shake's period: -2 and +2 N m
+        supervisor = Supervisor(config, design, 100.0)        # a wide band: the LQR holds where it saturates
+        x = np.array([math.pi + sign * 0.1, 0.0, 0.0, 0.0])
+        u_lqr = -float(design.K[0] @ (wrap_state(x) - design.goal))
+        assert sign * u_lqr > 7.0
+        supervisor.step(x, 1.0)                               # the LQR takes over: phase 0
+        u = supervisor.step(x, 1.0 + dt)
+        assert supervisor.mode == "lqr" and u[1] == 0.0
+        assert u[0] == pytest.approx(u_lqr - sign * 2.0, abs=1e-12)
