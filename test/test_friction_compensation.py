@@ -37,6 +37,11 @@ def test_off_by_default_and_the_fingerprint_is_unchanged(tmp_path):
     assert shipped.friction_compensation.torque(3.0) == 0.0
     off = load_robot_config(robot_file(tmp_path, enabled=False, coulomb=0.12))
     assert off.fingerprint() == shipped.fingerprint()
+    # switched off with its coefficients still in the file: exactly 0 on the passive joint in every mode
+    assert off.friction_compensation.coulomb == 0.12 and off.friction_compensation.torque(3.0) == 0.0
+    supervisor = build_controller(off)
+    for x in ([math.pi, 0.0, 0.0, 0.3], [math.pi, 0.0, 30.0, 5.0]):        # lqr, damping
+        assert supervisor.step(np.array(x), 0.0)[1] == 0.0 and supervisor.mode in ("lqr", "damping")
 
 
 @pytest.mark.parametrize("robot", ["pendubot", "acrobot"])
