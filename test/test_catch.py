@@ -18,7 +18,7 @@ from test_friction_compensation import robot_file
 
 from mcpilco_core.config import ConfigError, RobotConfig, load_robot_config
 from mcpilco_core.control import build_controller
-from mcpilco_core.control.catch import CatchPlanner, build_catch, goal_error
+from mcpilco_core.control.catch import CatchPlan, CatchPlanner, build_catch, goal_error
 from mcpilco_core.control.roa import _cache_key
 from mcpilco_core.plant import GOAL, DoublePendulum, wrap_state
 from mcpilco_core.simulation import drive, load_robot_profile
@@ -175,3 +175,13 @@ def test_it_catches_a_hand_over_state_the_lqr_drops():
 
     assert not caught(with_catch("acrobot", enabled=False))
     assert caught(with_catch("acrobot"))
+
+
+def test_the_plans_torque_is_corrected_by_its_gains_for_the_wrapped_error_and_clipped():
+    """U0 + K0 (x - X0) with the angle error wrapped, clipped to the limit."""
+    plan = CatchPlan(torques=np.array([1.0]), states=np.array([[math.pi - 0.01, 0.0, 0.0, 0.0], GOAL]),
+                     gains=np.array([[10.0, 0.0, 1.0, 0.0]]), cost=0.0)
+    x = np.array([-math.pi + 0.01, 0.0, 0.5, 0.0])                       # 0.02 rad past X0 across the wrap
+    assert plan.torque_at_start(x, 6.0) == pytest.approx(1.0 + 10.0 * 0.02 + 0.5, abs=1e-12)
+    assert plan.torque_at_start(x + [0, 0, 10.0, 0], 6.0) == 6.0
+    assert plan.torque_at_start(x - [0, 0, 10.0, 0], 6.0) == -6.0
