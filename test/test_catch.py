@@ -185,3 +185,15 @@ def test_the_plans_torque_is_corrected_by_its_gains_for_the_wrapped_error_and_cl
     assert plan.torque_at_start(x, 6.0) == pytest.approx(1.0 + 10.0 * 0.02 + 0.5, abs=1e-12)
     assert plan.torque_at_start(x + [0, 0, 10.0, 0], 6.0) == 6.0
     assert plan.torque_at_start(x - [0, 0, 10.0, 0], 6.0) == -6.0
+
+
+def test_the_plan_model_integrates_each_period_in_steps_of_at_most_integration_step():
+    config = load_robot_config(REPO / "config" / "acrobot.yaml")
+    plant = DoublePendulum(config.plant)
+    planner = CatchPlanner(plant, build_controller(config).design, config.lqr.Q_diag, config.lqr.R, 6.0, period=0.02,
+                           steps=3, integration_step=0.005)
+    x = tuple(float(v) for v in wrap_state(DROPPED_BY_THE_LQR))
+    expected = x
+    for _ in range(4):                                                  # 4 RK4 steps of 5 ms
+        expected = plant.rk4_step_scalar(expected, (0.0, 1.5), 0.005)
+    assert planner.advance(x, 1.5) == expected
