@@ -197,3 +197,24 @@ def test_the_plan_model_integrates_each_period_in_steps_of_at_most_integration_s
     for _ in range(4):                                                  # 4 RK4 steps of 5 ms
         expected = plant.rk4_step_scalar(expected, (0.0, 1.5), 0.005)
     assert planner.advance(x, 1.5) == expected
+
+
+def test_each_plan_is_solved_for_the_state_the_model_predicts_one_period_ahead():
+    """On entry the prediction is the LQR's period on the model, at each boundary the held torque's; the plan then
+    solved starts there."""
+    config = with_catch("acrobot")
+    supervisor = build_controller(config)
+    planner, goal = supervisor._catch.planner, supervisor.design.goal
+    act = config.actuated_joint
+    robot = load_robot_profile("nominal").robot(config, 0, DROPPED_BY_THE_LQR)
+    for k in range(21):
+        x = robot.measurement()
+        u = supervisor.step(x, k * config.control_period)
+        wrapped = tuple(float(v) for v in wrap_state(x) - goal + goal)   # as the supervisor hands it over
+        if k % 10 == 0:
+            expected = (planner.advance_lqr(wrapped, config.control_period) if k == 0
+                        else planner.advance(wrapped, u[act]))
+            assert supervisor._catch._pending == expected, k
+            supervisor.finish_step()
+            np.testing.assert_array_equal(supervisor._catch._plan.states[0], wrap_state(np.array(expected)))
+        robot.step(u)
