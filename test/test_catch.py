@@ -218,3 +218,16 @@ def test_each_plan_is_solved_for_the_state_the_model_predicts_one_period_ahead()
             supervisor.finish_step()
             np.testing.assert_array_equal(supervisor._catch._plan.states[0], wrap_state(np.array(expected)))
         robot.step(u)
+
+
+def test_the_lqr_alone_acts_below_lqr_level_times_rho_and_the_plan_above_it():
+    config = with_catch("acrobot", lqr_level=0.5)
+    direction = np.array([0.01, -0.01, 0.05, 0.05])
+    for level, planned in ((0.25, False), (0.75, True)):
+        supervisor = build_controller(config)
+        design = supervisor.design
+        x = GOAL + direction * math.sqrt(level * supervisor.rho / float(direction @ design.S @ direction))
+        u = supervisor.step(x, 0.0)
+        assert supervisor.last_cost_to_go == pytest.approx(level * supervisor.rho)
+        assert supervisor.mode == "lqr" and supervisor._catch.pending == planned, level
+        assert u[config.actuated_joint] == pytest.approx(-design.K[config.actuated_joint] @ (x - GOAL))
