@@ -15,7 +15,7 @@ from test_friction_compensation import robot_file as config_with
 from mcpilco_core.config import ConfigError, ObserverConfig, load_plant_parameters, load_robot_config
 from mcpilco_core.control import build_controller
 from mcpilco_core.control.observer import StateObserver, steady_state_gain
-from mcpilco_core.plant import DoublePendulum
+from mcpilco_core.plant import DoublePendulum, wrap_angle
 
 REPO = Path(__file__).resolve().parent.parent
 DT = 0.002
@@ -170,3 +170,17 @@ def test_a_non_finite_torque_is_safe_and_the_next_state_is_taken_as_measured(tmp
     assert np.all(supervisor.step(low, 20 * DT) == 0.0) and supervisor.mode == "safe"
     broken = False
     assert supervisor.step(low, 21 * DT)[act] == low[2] and supervisor.mode == "policy"   # of the measurement
+
+
+def test_exact_across_the_angles_wrap():
+    """Angles read in [-pi, pi): a joint passing pi jumps by 2 pi between two readings; the innovation is wrapped,
+    so the estimate goes on smoothly (equal to the true state modulo 2 pi)."""
+    plant = DoublePendulum(load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.1"))
+    observer = StateObserver(plant, ObserverConfig(**ON), DT)
+    x = np.array([math.pi - 0.05, -math.pi + 0.02, 3.0, -3.0])
+    for k in range(40):                                            # both cross within the first 20 ms
+        measured = np.concatenate([wrap_angle(x[:2]), x[2:]])
+        estimate = observer.update(measured, k * DT, np.zeros(2))
+        np.testing.assert_allclose(wrap_angle(estimate[:2] - x[:2]), 0.0, atol=1e-9)
+        np.testing.assert_allclose(estimate[2:], x[2:], atol=1e-9)
+        x = np.asarray(plant.rk4_step_scalar(tuple(x), (0.0, 0.0), DT))
