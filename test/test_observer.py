@@ -184,3 +184,16 @@ def test_exact_across_the_angles_wrap():
         np.testing.assert_allclose(wrap_angle(estimate[:2] - x[:2]), 0.0, atol=1e-9)
         np.testing.assert_allclose(estimate[2:], x[2:], atol=1e-9)
         x = np.asarray(plant.rk4_step_scalar(tuple(x), (0.0, 0.0), DT))
+
+
+def test_exact_with_the_motors_lag_in_the_prediction():
+    """A robot whose motor follows the command with a first-order lag (r = 0.5): the prediction passes the commands
+    through the same lag, so the estimate stays exact on an exact noise-free model."""
+    plant = DoublePendulum(load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.1"))
+    observer = StateObserver(plant, ObserverConfig(**{**ON, "motor_responsiveness": 0.5}), DT)
+    x, command, applied = np.array([2.5, 0.3, 1.0, -2.0]), np.zeros(2), np.zeros(2)
+    for k in range(200):
+        np.testing.assert_allclose(observer.update(x, k * DT, command), x, atol=1e-12)
+        command = np.array([1.5 * math.cos(0.07 * k), 2.0 * math.sin(0.05 * k)])   # either joint's motor
+        applied = applied + 0.5 * (command - applied)
+        x = np.asarray(plant.rk4_step_scalar(tuple(x), tuple(applied), DT))
