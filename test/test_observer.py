@@ -197,3 +197,19 @@ def test_exact_with_the_motors_lag_in_the_prediction():
         command = np.array([1.5 * math.cos(0.07 * k), 2.0 * math.sin(0.05 * k)])   # either joint's motor
         applied = applied + 0.5 * (command - applied)
         x = np.asarray(plant.rk4_step_scalar(tuple(x), tuple(applied), DT))
+
+
+def test_two_periods_without_a_state_restart_the_estimate_and_the_motors_lag():
+    """GAP_FACTOR 1.5: a state two periods after the last is taken as measured, and the prediction after it starts
+    from the motor at rest, as a fresh observer's does."""
+    plant = DoublePendulum(load_plant_parameters(REPO / "config" / "plant_models.yaml", "model_1.1"))
+    settings = ObserverConfig(**{**ON, "motor_responsiveness": 0.5})
+    used, fresh = StateObserver(plant, settings, DT), StateObserver(plant, settings, DT)
+    x, command = np.array([2.5, 0.3, 1.0, -2.0]), np.array([0.0, 3.0])
+    for k in range(5):
+        used.update(x + [0.0, 0.0, 0.01 * k, 0.0], k * DT, command)
+    t = 6 * DT                                                      # the state of 5 DT never came
+    np.testing.assert_array_equal(used.update(x, t, command), x)
+    fresh.update(x, t, command)
+    later = x + [0.002, 0.0, 0.1, 0.1]
+    np.testing.assert_array_equal(used.update(later, t + DT, command), fresh.update(later, t + DT, command))
