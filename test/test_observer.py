@@ -213,3 +213,30 @@ def test_two_periods_without_a_state_restart_the_estimate_and_the_motors_lag():
     fresh.update(x, t, command)
     later = x + [0.002, 0.0, 0.1, 0.1]
     np.testing.assert_array_equal(used.update(later, t + DT, command), fresh.update(later, t + DT, command))
+
+
+def test_a_reset_or_a_safe_stop_restarts_the_supervisors_estimate(tmp_path):
+    """The supervisor's observer starts again from the measurement after a safe stop (here: a non-finite policy
+    torque, with a state one period later) and after ``reset()`` (the node's reset at a window)."""
+    config = load_robot_config(robot_file(tmp_path, **ON))
+    seen = []
+
+    def policy(x: np.ndarray) -> float:
+        seen.append(np.array(x))
+        return math.nan if len(seen) == 1 else 0.0
+
+    supervisor = build_controller(config)
+    supervisor.set_policy(policy)
+    hanging = np.array([0.3, 0.1, 0.5, -0.5])
+    supervisor.step(hanging, 0.0)
+    assert supervisor.mode == "safe"
+    measured = hanging + [0.0, 0.0, 0.2, 0.2]
+    supervisor.step(measured, DT)
+    assert supervisor.mode == "policy"
+    np.testing.assert_array_equal(seen[-1], measured)              # taken as measured, not filtered
+    supervisor.step(measured, 2 * DT)                              # held: the policy's 20 ms grid
+    supervisor.reset()
+    again = measured + [0.0, 0.0, -0.3, 0.1]
+    supervisor.step(again, 3 * DT)
+    assert len(seen) == 3
+    np.testing.assert_array_equal(seen[-1], again)
