@@ -237,3 +237,29 @@ def test_the_dither_phase_alone_needs_no_bank(tmp_path):
     settings["selection"]["dither_phases"] = 1                       # one policy, one phase: off
     path.write_text(yaml.safe_dump(data))
     assert not load_robot_config(path).selection.enabled
+
+
+def banked(tmp_path: Path, policies: dict[str, Path], **settings) -> Path:
+    """The shipped acrobot config with a selection whose bank holds ``policies`` (name -> file)."""
+    bank = tmp_path / "bank"
+    bank.mkdir(exist_ok=True)
+    for name, path in policies.items():
+        shutil.copy(path, bank / f"{name}.npz")
+    return robot_file(tmp_path, "acrobot", "selection", bank=str(bank), **settings)
+
+
+def test_decisions_come_every_interval_while_a_policy_is_in_charge_and_never_while_the_lqr_is(tmp_path):
+    limp_file = limp(tmp_path / "limp.npz")
+    other = load_policy(limp_file)                       # limp too, with other parameters (the bank drops equal ones)
+    save_policy(dataclasses.replace(other, centers=other.centers + 0.01), tmp_path / "other.npz")
+    config = load_robot_config(banked(tmp_path, {"other": tmp_path / "other.npz"}, lead=0.04, interval=0.5))
+    supervisor = build_controller(config, load_policy(limp_file))
+    for k in range(1501):                                # 3 s at rest: the limp policy in charge throughout
+        supervisor.step(np.zeros(4), k * config.control_period)
+        assert supervisor.mode == "policy"
+    assert supervisor.selection.decisions == 7 and supervisor.selection.decided_at == pytest.approx(3.0)
+    goal = np.array([np.pi, 0.0, 0.0, 0.0])
+    for k in range(1501, 2001):                          # 1 s balancing, no gap: the LQR in charge, no decision
+        supervisor.step(goal, k * config.control_period)
+        assert supervisor.mode == "lqr"
+    assert supervisor.selection.decisions == 7
