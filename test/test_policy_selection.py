@@ -263,3 +263,11 @@ def test_decisions_come_every_interval_while_a_policy_is_in_charge_and_never_whi
         supervisor.step(goal, k * config.control_period)
         assert supervisor.mode == "lqr"
     assert supervisor.selection.decisions == 7
+
+
+def test_a_gap_hands_the_robot_back_to_the_loaded_policy_at_once(tmp_path):
+    config = load_robot_config(selecting(tmp_path, lead=0.04, interval=0.5))
+    _, supervisor, selected = run(config, load_policy(limp(tmp_path / "limp.npz")), 0.2)
+    assert selected[-1] == 1                              # the bank's policy was chosen
+    supervisor.step(np.zeros(4), 5.0)                     # the states resume after a window
+    assert supervisor.selected == 0 and supervisor.selection.pending
