@@ -271,3 +271,17 @@ def test_a_gap_hands_the_robot_back_to_the_loaded_policy_at_once(tmp_path):
     assert selected[-1] == 1                              # the bank's policy was chosen
     supervisor.step(np.zeros(4), 5.0)                     # the states resume after a window
     assert supervisor.selected == 0 and supervisor.selection.pending
+
+
+def test_an_equal_candidate_does_not_replace_the_running_one(tmp_path):
+    """A candidate replaces the running one only if it beats the running one's own value by the margin (not
+    candidate 0's)."""
+    limp_policy = load_policy(limp(tmp_path / "limp.npz"))
+    config = load_robot_config(banked(tmp_path, {"a": SHIPPED, "b": SHIPPED}, lead=0.02))
+    supervisor = build_controller(config, limp_policy)
+    selection = supervisor.selection
+    shipped = load_policy(SHIPPED)
+    selection.start(supervisor.capture_state(), np.zeros(4), 0.0, [limp_policy, shipped, shipped], (2, 0.0))
+    assert selection.finish() == (2, 0.0)
+    values = selection.last_values
+    assert values[1] == values[2] > values[0] + config.selection.margin
