@@ -285,3 +285,46 @@ def test_an_equal_candidate_does_not_replace_the_running_one(tmp_path):
     assert selection.finish() == (2, 0.0)
     values = selection.last_values
     assert values[1] == values[2] > values[0] + config.selection.margin
+
+
+def test_a_decisions_values_are_each_candidates_run_from_the_state_predicted_at_the_due_time(tmp_path):
+    """By hand, on the config's plant with a supervisor of the same config: the running policy from the measured
+    state and the live supervisor's state over the lead, then each candidate from that predicted state and
+    supervisor state for the horizon, the time above the line counted. Taken at a decision made on the policy's
+    running 20 ms grid, with the candidate that reaches the LQR first (its successors must not inherit that)."""
+    limp_file = limp(tmp_path / "limp.npz")
+    config = load_robot_config(banked(tmp_path, {"limp": limp_file}, lead=0.1, interval=0.3, horizon=1.5))
+    shipped = load_policy(SHIPPED)
+    supervisor = build_controller(config, shipped)
+    robot = load_robot_profile("nominal").robot(config, 0)
+    for k in range(2000):
+        x, t = robot.measurement(), k * config.control_period
+        before = supervisor.capture_state()
+        robot.step(supervisor.step(x, t))
+        if supervisor.selection.decisions == 2:
+            break
+    assert supervisor.selection.decided_at == t and before[0] == "policy"
+    supervisor.selection.finish()
+
+    shadow = build_controller(dataclasses.replace(config, selection=dataclasses.replace(config.selection, bank="")))
+    plant, dt = DoublePendulum(config.plant), config.selection.step
+    limits = config.torque_limits
+
+    def up_time(x: tuple, t0: float, seconds: float) -> tuple[tuple, float]:
+        up = 0
+        for j in range(round(seconds / dt)):
+            u = shadow.step(np.array(x), t0 + j * dt)
+            x = plant.rk4_step_scalar(x, tuple(float(np.clip(u[i], -limits[i], limits[i])) for i in range(2)), dt)
+            up += bool(plant.end_effector_height(np.array(x)) > plant.height_threshold)
+        return x, up * dt
+
+    shadow.restore_state(before)
+    x_due, _ = up_time(tuple(float(v) for v in x), t, config.selection.lead)
+    due = shadow.capture_state()
+    values = []
+    for candidate in (shipped, load_policy(limp_file)):
+        shadow.restore_state(due)
+        shadow.use_policy(candidate)
+        values.append(up_time(x_due, t + config.selection.lead, config.selection.horizon)[1])
+    assert supervisor.selection.last_values == pytest.approx(values, abs=1e-12)
+    assert values[0] > 0.0
