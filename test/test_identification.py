@@ -101,3 +101,21 @@ def test_the_delay_aware_fit_finds_the_command_delay_of_a_late_robot(pendubot_co
     assert model.prior_constants.delay == model.delay_fraction
     assert np.array_equal(model.effective_commands(data), data.u + model.delay_fraction * (data.u_prev - data.u))
 
+
+
+def test_the_models_fit_keeps_every_lengthscale_above_gp_lengthscale_floor(pendubot_config, plants):
+    """gp.lengthscale_floor reaches the model's fit: each output's lengthscales stay at or above that fraction of
+    their input's standard deviation over the fit points (here all of them)."""
+    prior, robot = plants
+    rng = np.random.default_rng(5)
+    data = transitions(DoublePendulum(robot), 150, rng)
+    settings = GPSettings(fit_steps=5, fit_points=200, max_points=50, prior="rk4", lengthscale_floor=3.0)
+    model = DynamicsModel(pendubot_config, settings)
+    model.fit(data, rng)
+    inputs, _ = model.residual_targets(data)
+    floor = 3.0 * inputs.std(axis=0)
+    lengthscales = model.hyper.lengthscales().detach().numpy()
+    assert np.all(lengthscales >= floor * (1 - 1e-9)), (lengthscales, floor)
+    plain = DynamicsModel(pendubot_config, GPSettings(fit_steps=5, fit_points=200, max_points=50, prior="rk4"))
+    plain.fit(data, np.random.default_rng(5))
+    assert np.any(plain.hyper.lengthscales().detach().numpy() < floor)     # the floor is what lifted them
