@@ -328,3 +328,21 @@ def test_a_decisions_values_are_each_candidates_run_from_the_state_predicted_at_
         values.append(up_time(x_due, t + config.selection.lead, config.selection.horizon)[1])
     assert supervisor.selection.last_values == pytest.approx(values, abs=1e-12)
     assert values[0] > 0.0
+
+
+def test_the_chosen_dither_phase_runs_from_the_due_time():
+    """The live supervisor takes the decision's whole option at the due time: its candidate and its shake's phase."""
+    shipped = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")
+    config = dataclasses.replace(shipped, selection=dataclasses.replace(shipped.selection, dither_phases=2))
+    policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
+    x = np.array([np.pi - 0.4, 0.6, 1.5, -1.0])
+    probe = build_controller(config, policy)
+    probe.step(x, 0.0)
+    choice = probe.selection.finish()
+    assert choice[1] == 0.5 / config.dither.frequency              # from this state: the shake half a period on
+    supervisor = build_controller(config, policy)
+    lead = round(config.selection.lead / config.control_period)
+    for k in range(lead + 1):
+        supervisor.step(x, k * config.control_period)
+        assert supervisor.dither_offset == (choice[1] if k == lead else 0.0), k
+    assert supervisor.selected == choice[0]
