@@ -227,3 +227,20 @@ def test_a_delayed_robots_transition_needs_the_previous_command(pendubot_config,
     assert np.sqrt(np.mean(delayed ** 2)) < (1e-6 if responsiveness == 1.0 else 0.1 * np.sqrt(np.mean(held ** 2)))
     robot = IdentifiedRobot(plant, 2, 0.002, responsiveness, (0.0, 0.0, 0.0, 0.0), 0.0, (0.0, 0.0), 1)
     assert np.array_equal(robot.transition_velocities(data.x, data.u, previous, 0.02, 0), predicted)
+
+
+def test_the_motor_lag_starts_from_the_previous_command(repo):
+    """delayed_velocities: the applied torque starts at the previous command and follows the commands (the previous
+    one for ``delay_steps`` steps, then the new one) through applied += r (command - applied)."""
+    from mcpilco_core.learning.identified_robot import delayed_velocities
+    from mcpilco_core.plant import DoublePendulum
+
+    plant = load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0")
+    x = np.array([[0.3, -0.2, 1.0, 0.5], [2.0, 0.4, -1.0, 3.0]])
+    u, previous = np.array([2.0, -3.0]), np.array([-1.0, 1.5])
+    expected, applied = x.copy(), previous.copy()
+    for j in range(10):
+        applied = applied + 0.5 * ((previous if j < 1 else u) - applied)
+        expected = DoublePendulum(plant).rk4_step(expected, np.stack([applied, np.zeros(2)], -1), 0.002)
+    got = delayed_velocities(plant, x, u, previous, 0.02, 0.002, 0, 1, 0.5)
+    np.testing.assert_allclose(got, expected[:, 2:], rtol=0, atol=1e-12)
