@@ -262,3 +262,8 @@ def test_a_selection_without_export_warns_when_the_earlier_export_holds_another_
     (run / "selection.json").write_text("{not json")              # a damaged record: no warning, no crash
     assert cli.main(args) == 0
     assert json.loads((run / "selection.json").read_text())["export"] is None
+
+
+def test_model_cost_ties_go_to_the_later_trial():
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 20.0, 2: 20.0, 3: 25.0}, files={1: "a", 2: "b", 3: "c"})
+    assert selection.ranked() == [2, 1, 3] and selection.best == 2
