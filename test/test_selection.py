@@ -267,3 +267,13 @@ def test_a_selection_without_export_warns_when_the_earlier_export_holds_another_
 def test_model_cost_ties_go_to_the_later_trial():
     selection = Selection("run", 3, 10, 1.0, 0, costs={1: 20.0, 2: 20.0, 3: 25.0}, files={1: "a", 2: "b", 3: "c"})
     assert selection.ranked() == [2, 1, 3] and selection.best == 2
+
+
+def test_selection_json_sums_the_robot_time_of_every_check(tmp_path):
+    from mcpilco_core.learning.selection import write_selection
+
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 20.0}, files={1: "a"})
+    write_selection(selection, tmp_path / "selection.json",
+                    robot_checks=[{"robot_time_s": 20.0}, {"robot_time_s": 40.0}, {"robot_time_s": 0.0}])
+    record = json.loads((tmp_path / "selection.json").read_text())
+    assert record["robot_time_all_checks_s"] == 60.0 and len(record["robot_checks"]) == 3
