@@ -311,9 +311,18 @@ def test_optimizer_skips_steps_with_escaped_particles_rolls_back_when_they_persi
     policy = TorchPolicy.random(config.num_basis, config.robot.u_max, gen)
     monkeypatch.setattr(opt_module, "rollout", escaping_for_a_while)
     settings = replace(config.optimizer, patience=10**6)       # no plateau: only the rollback halves
+    stepped_at: list[float] = []                               # the rate each Adam step really used
+
+    class RecordingAdam(torch.optim.Adam):
+        def step(self, *args, **kwargs):
+            stepped_at.append(self.param_groups[0]["lr"])
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
     result = opt_module.optimize_policy(policy, learner.model, sampler, 8, 5, config.cost, settings, 160, gen,
                                         progress=False)
     assert [r[:2] for r in result.rollbacks] == [(119, 50)] and "in a row" in result.rollbacks[0][2]
+    assert stepped_at == result.lr          # the halved rate is the one the steps after the rollback used
     for before, after in zip(seen[50], seen[-1]):
         torch.testing.assert_close(before, after, rtol=0, atol=0)
     assert set(result.lr[:119]) == {settings.lr} and set(result.lr[119:]) == {settings.lr * settings.lr_factor}
