@@ -573,14 +573,14 @@ class SimSession:
             with np.load(record) as data:
                 return len(data["u"]) * self.cfg.robot.control_period
         from mcpilco_core.recording import STATE_TOPIC, header_stamp_ns, read_bag
-        from mcpilco_core.recording.salvage import _salvage_messages
+        from mcpilco_core.recording.salvage import stored_messages
 
         for bag in (self.out / "session" / f"trial_{k:03d}", self.out / "session" / f"trial_{k:03d}.partial"):
             if bag.is_dir():
                 if (bag / "metadata.yaml").is_file():
                     stamps = read_bag(bag).state_t
                 else:   # left partial by a trainer that died too (read_bag refuses it): the states on disk
-                    found = (header_stamp_ns(data) for topic, _, data in _salvage_messages(bag) if topic == STATE_TOPIC)
+                    found = (header_stamp_ns(data) for topic, _, data in stored_messages(bag) if topic == STATE_TOPIC)
                     stamps = np.array([s for s in found if s is not None], dtype=np.int64)
                 return float(stamps.max() - stamps.min()) * 1e-9 if len(stamps) > 1 else 0.0
         return None

@@ -19,7 +19,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from mcpilco_core import recording
 from mcpilco_core.config import load_robot_config
-from mcpilco_core.recording.salvage import _salvage_messages
+from mcpilco_core.recording.salvage import stored_messages
 from mcpilco_core.recording.transitions import transitions_from_trajectory
 
 TS = get_typestore(Stores.ROS2_JAZZY)
@@ -208,7 +208,7 @@ def test_the_recorder_flushes_on_its_own_so_a_crash_loses_at_most_flush_period(t
     after opening, a valid bag without messages; with flush_period 0, every message written so far."""
     opened = recording.TrialRecorder(tmp_path / "opened", storage=storage, flush_period=1e9)
     shutil.copytree(opened.partial, tmp_path / "opened_crash")           # the files as a crash right now leaves them
-    assert list(_salvage_messages(tmp_path / "opened_crash")) == []      # readable storage, nothing lost yet
+    assert list(stored_messages(tmp_path / "opened_crash")) == []      # readable storage, nothing lost yet
     opened.close()
     recorder = recording.TrialRecorder(tmp_path / "bag", storage=storage, flush_period=0.0)
     write_stream(recorder, *simple_trial(21))

@@ -47,7 +47,7 @@ def salvage_bag(partial: str | Path, final: str | Path, custom_data: dict[str, s
                 version: int = 9) -> dict[str, int]:
     """Copy every complete message of a crashed bag directory (mcap or sqlite3) into a new bag ``final``."""
     partial = Path(partial)
-    messages = list(_salvage_messages(partial))
+    messages = list(stored_messages(partial))
     if not messages:
         raise TrialError(f"{partial}: nothing recoverable (no complete message on disk)")
     recorder = TrialRecorder(Path(final), storage="mcap", version=version, topics=sorted({m[0] for m in messages}),
@@ -58,7 +58,9 @@ def salvage_bag(partial: str | Path, final: str | Path, custom_data: dict[str, s
     return dict(recorder.counts)
 
 
-def _salvage_messages(partial: Path) -> Iterator[tuple[str, int, bytes]]:
+def stored_messages(partial: Path) -> Iterator[tuple[str, int, bytes]]:
+    """(topic, receive time in ns, raw CDR) of every message of this package's topics that a bag's storage files
+    hold, read without metadata.yaml (a bag left ``.partial`` by a crash has none); TrialError without storage."""
     files = sorted(partial.glob("*.mcap")) + sorted(partial.glob("*.db3"))
     if not files:
         raise TrialError(f"{partial}: no .mcap or .db3 storage file")
