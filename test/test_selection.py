@@ -277,3 +277,37 @@ def test_selection_json_sums_the_robot_time_of_every_check(tmp_path):
                     robot_checks=[{"robot_time_s": 20.0}, {"robot_time_s": 40.0}, {"robot_time_s": 0.0}])
     record = json.loads((tmp_path / "selection.json").read_text())
     assert record["robot_time_all_checks_s"] == 60.0 and len(record["robot_checks"]) == 3
+
+
+def stub_protocol(monkeypatch, scores: dict[str, list[float]]) -> list[tuple]:
+    """``selection``'s protocol runs stubbed: the learner's robot a bare plant, each policy file's per-seed scores
+    ``scores[path]`` (the first ``len(seeds)``); returns the calls (path, robot, seeds, seconds, profile) made."""
+    from types import SimpleNamespace
+
+    from mcpilco_core.learning import selection as module
+
+    calls = []
+    plant = SimpleNamespace(b=[0.0, 0.0], cf=[0.0, 0.0], Ir=0.0)
+    monkeypatch.setattr(module, "on_model", lambda config, model: (SimpleNamespace(plant=plant), "learner"))
+
+    def per_seed(config, path, robot, seeds, seconds, profile, processes=1):
+        calls.append((path, robot, tuple(seeds), seconds, profile))
+        return scores[path][: len(seeds)]
+
+    monkeypatch.setattr(module, "protocol_scores", per_seed)
+    return calls
+
+
+def test_the_protocol_score_is_the_mean_over_its_seeds(monkeypatch):
+    """Kills mutation Q9 (the ranking took the first seed's score only): a policy up on the first schedule alone
+    ranks below one up half the time on every schedule."""
+    from types import SimpleNamespace
+
+    from mcpilco_core.learning.selection import protocol_on_model
+
+    stub_protocol(monkeypatch, {"a": [0.9, 0.0, 0.0], "b": [0.5, 0.4, 0.6]})
+    selection = Selection("run", 3, 10, 1.0, 0, costs={1: 20.0, 2: 30.0}, files={1: "a", 2: "b"})
+    config = SimpleNamespace(optimizer=SimpleNamespace(judge_processes=1))
+    protocol_on_model(selection, config, SimpleNamespace(robot=None), ModelProtocol((5, 6, 7), 1.0))
+    assert selection.protocol_scores == {1: pytest.approx(0.3), 2: pytest.approx(0.5)}
+    assert selection.ranked() == [2, 1] and selection.best == 2
