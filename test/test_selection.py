@@ -311,3 +311,25 @@ def test_the_protocol_score_is_the_mean_over_its_seeds(monkeypatch):
     protocol_on_model(selection, config, SimpleNamespace(robot=None), ModelProtocol((5, 6, 7), 1.0))
     assert selection.protocol_scores == {1: pytest.approx(0.3), 2: pytest.approx(0.5)}
     assert selection.ranked() == [2, 1] and selection.best == 2
+
+
+def test_the_robot_check_runs_on_the_checks_robot_profile(monkeypatch):
+    """Kills mutation Q8 (the check's profile ignored, the nominal robot used): the robot check runs on
+    ``check.profile``; without one, on the run's; the model's prediction always on the learner's robot (a confirmed
+    first candidate stops the check)."""
+    from types import SimpleNamespace
+
+    from mcpilco_core.learning.selection import check_on_robot
+
+    calls = stub_protocol(monkeypatch, {"a": [0.4], "b": [0.6]})
+    config = SimpleNamespace(robot=SimpleNamespace(name="run's robot"), robot_profile="nominal")
+    for profile, expected in (("hardware_proxy", "hardware_proxy"), (None, "nominal")):
+        calls.clear()
+        selection = Selection("run", 3, 10, 1.0, 0, costs={1: 20.0, 2: 30.0}, files={1: "a", 2: "b"})
+        check_on_robot(selection, config, RobotCheck(2, 1.0, 7, profile, tolerance=0.0), SimpleNamespace(robot=None))
+        assert selection.check.profile == expected and selection.to_dict()["robot_check"]["robot_profile"] == expected
+        on_robot = [c for c in calls if c[1] is config.robot]
+        predicted = [c for c in calls if c[1] is not config.robot]
+        assert [(c[0], c[2], c[3], c[4]) for c in on_robot] == [("a", (7,), 1.0, expected)]
+        assert [(c[0], c[4]) for c in predicted] == [("a", "learner")]
+        assert selection.check_scores == {1: 0.4} and selection.confirmed == selection.best == 1
