@@ -413,3 +413,40 @@ def test_trials_start_from_the_box_never_from_the_pool(tmp_path):
     for record in records:
         np.testing.assert_array_equal(record.x0, trial_start_state(config, record.index))
     assert np.all(np.abs(records[1].x0[2:]) <= config.initial_state.x_max[2:])   # the box: at most 0.5 rad/s
+
+
+def test_a_rollback_returns_to_the_older_checkpoint_which_becomes_the_only_one():
+    """Kills mutation B7 (both checkpoints kept after a rollback): the newer checkpoint may lie on the way out, so
+    once rolled back past it, a later rollback returns to the older one again, never to it."""
+    import torch
+
+    from mcpilco_core.learning.optimizer import Checkpoints
+    from mcpilco_core.learning.torch_policy import TorchPolicy
+
+    policy = TorchPolicy.random(3, 2.0, torch.Generator().manual_seed(0))
+    params: dict[int, list[torch.Tensor]] = {}
+
+    def take(step: int) -> None:
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(1.0)                                     # the parameters move between checkpoints
+        params[step] = [p.detach().clone() for p in policy.parameters()]
+        checkpoints.take(step)
+
+    def holds(step: int) -> bool:
+        return all(torch.equal(p.detach(), q) for p, q in zip(policy.parameters(), params[step]))
+
+    checkpoints = Checkpoints(policy)
+    params[0] = [p.detach().clone() for p in policy.parameters()]
+    take(50)
+    take(100)
+    with torch.no_grad():
+        policy.weights.add_(5.0)                                # diverging after step 100
+    assert checkpoints.roll_back() == 50 and holds(50)          # the older of the last two, not step 100
+    assert [step for step, _ in checkpoints.kept] == [50]
+    assert checkpoints.roll_back() == 50 and holds(50)          # again at once: the same
+    take(150)
+    assert checkpoints.roll_back() == 50 and holds(50)          # step 100 is gone for good
+    take(200)
+    take(250)
+    assert checkpoints.roll_back() == 200 and holds(200)
