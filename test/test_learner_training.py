@@ -450,3 +450,34 @@ def test_a_rollback_returns_to_the_older_checkpoint_which_becomes_the_only_one()
     take(200)
     take(250)
     assert checkpoints.roll_back() == 200 and holds(200)
+
+
+def test_the_plateau_monitor_restarts_after_a_rollback(monkeypatch):
+    """Kills mutation B9 (the plateau monitor not reset after a rollback): the first step after a rollback starts
+    the smoothed ratio afresh (inf, as the first step of the optimisation), never comparing its cost with the
+    diverging steps before the rollback. A stub rollout: no model."""
+    import torch
+
+    from mcpilco_core.learning import optimizer as opt_module
+    from mcpilco_core.learning.cost import CostSettings
+    from mcpilco_core.learning.model import NonFiniteParticlesError
+    from mcpilco_core.learning.optimizer import OptimizerSettings
+    from mcpilco_core.learning.torch_policy import TorchPolicy
+
+    calls = []
+
+    def escaping_for_a_while(model, policy, x0, steps, *args, **kwargs):
+        calls.append(1)
+        if 5 <= len(calls) < 5 + opt_module.MAX_SKIPPED_IN_A_ROW + 1:
+            raise NonFiniteParticlesError("1 non-finite particle states; first at step 3 (1 of 8 particles)")
+        return x0 + 0.1 * policy(x0)[None, :, None] * torch.arange(steps + 1.0)[:, None, None]
+
+    monkeypatch.setattr(opt_module, "rollout", escaping_for_a_while)
+    gen = torch.Generator().manual_seed(0)
+    policy = TorchPolicy.random(3, 2.0, gen)
+    settings = OptimizerSettings(patience=10**6)
+    result = opt_module.optimize_policy(policy, None, lambda n, g: torch.randn(n, 4, generator=g), 8, 5,
+                                        CostSettings(), settings, 30, gen, progress=False)
+    assert [r[:2] for r in result.rollbacks] == [(4, 0)] and result.steps == 30 - 21
+    assert result.ratio[0] == result.ratio[4] == float("inf")   # the first step, and the first after the rollback
+    assert all(np.isfinite(r) for r in result.ratio[1:4] + result.ratio[5:])
