@@ -346,3 +346,57 @@ def test_the_chosen_dither_phase_runs_from_the_due_time():
         supervisor.step(x, k * config.control_period)
         assert supervisor.dither_offset == (choice[1] if k == lead else 0.0), k
     assert supervisor.selected == choice[0]
+
+
+
+def spied_decision(tmp_path: Path):
+    """The second decision of a supervisor (the shipped policy loaded, the limp one banked), made between two ticks
+    of the running policy's 20 ms grid, the live supervisor driven on the selection's own plant (RK4 at its step,
+    the control period): the model is the robot. Returns (config, the live steps [(x, t)] over the decision's lead,
+    the live supervisor's state at its due time, the shadow's steps [(x, t, its state before the step)] for it)."""
+    config = load_robot_config(banked(tmp_path, {"limp": limp(tmp_path / "limp.npz")}, lead=0.1, horizon=0.2,
+                                      interval=0.31))
+    assert config.selection.step == config.control_period
+    supervisor = build_controller(config, load_policy(SHIPPED))
+    selection, shadow = supervisor.selection, supervisor.selection.shadow
+    shadow_steps, real_step = [], shadow.step
+
+    def spied(x, t):
+        shadow_steps.append((np.array(x), t, shadow.capture_state()))
+        return real_step(x, t)
+
+    shadow.step = spied
+    plant, dt, limits = DoublePendulum(config.plant), config.selection.step, config.torque_limits
+    lead = round(config.selection.lead / dt)
+    x, live = (0.3, -0.2, 0.5, 0.0), []
+    for k in range(1000):
+        if selection.decisions == 2:
+            live.append((np.array(x), k * dt))
+        u = supervisor.step(np.array(x), k * dt)
+        if selection.decisions == 2 and not live:                # this step started it
+            assert supervisor.mode == "policy" and selection.decided_at == pytest.approx(0.31)
+            live.append((np.array(x), k * dt))
+            shadow_steps.clear()                                    # the first decision's
+        x = plant.rk4_step_scalar(x, tuple(float(np.clip(u[i], -limits[i], limits[i])) for i in range(2)), dt)
+        if len(live) == lead:
+            break
+    at_due = supervisor.capture_state()
+    assert not shadow_steps                                     # nothing advanced the decision yet
+    selection.finish()
+    return config, live, at_due, shadow_steps
+
+
+def test_the_lead_is_simulated_on_the_live_supervisors_time_base(tmp_path):
+    """Kills mutation S16 (the simulations stepped the shadow one step late, t + (k + 1) dt): over the lead the shadow
+    is stepped with the times and states the live supervisor meets on a robot that is the model (the running
+    policy's 20 ms grid ticks at the same states), and each candidate from the due time on."""
+    config, live, _, shadow_steps = spied_decision(tmp_path)
+    lead, dt = len(live), config.selection.step
+    horizon = round(config.selection.horizon / dt)
+    assert len(shadow_steps) == lead + 2 * horizon
+    for (x, t), (x_shadow, t_shadow, _) in zip(live, shadow_steps[:lead]):
+        np.testing.assert_allclose(x_shadow, x, rtol=0, atol=1e-12)
+        assert t_shadow == pytest.approx(t, abs=1e-12)
+    for i in range(2):                                          # each candidate: from the due time, step by step
+        times = [t for _, t, _ in shadow_steps[lead + i * horizon: lead + (i + 1) * horizon]]
+        np.testing.assert_allclose(times, live[0][1] + lead * dt + dt * np.arange(horizon), rtol=0, atol=1e-12)
