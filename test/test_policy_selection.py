@@ -400,3 +400,17 @@ def test_the_lead_is_simulated_on_the_live_supervisors_time_base(tmp_path):
     for i in range(2):                                          # each candidate: from the due time, step by step
         times = [t for _, t, _ in shadow_steps[lead + i * horizon: lead + (i + 1) * horizon]]
         np.testing.assert_allclose(times, live[0][1] + lead * dt + dt * np.arange(horizon), rtol=0, atol=1e-12)
+
+
+def test_every_candidate_starts_from_the_supervisor_state_at_the_due_time(tmp_path):
+    """Kills mutation S14 (a candidate's simulation inherited the supervisor state the previous candidate's left): each
+    candidate's first step starts from the state the live supervisor has at the due time (mode, hysteresis flags,
+    held torque, LQR start), with its own policy on a fresh 20 ms grid and the configured dither phase."""
+    config, live, at_due, shadow_steps = spied_decision(tmp_path)
+    lead, horizon = len(live), round(config.selection.horizon / config.selection.step)
+    candidates = [load_policy(SHIPPED), load_policy(tmp_path / "limp.npz")]
+    for i, candidate in enumerate(candidates):
+        mode, damping, in_lqr, held_u, next_tick, lqr_since, policy, dither_offset = shadow_steps[lead + i * horizon][2]
+        assert (mode, damping, in_lqr, held_u) == at_due[:4] and next_tick == -np.inf and dither_offset == 0.0
+        assert lqr_since == at_due[5] or (np.isnan(lqr_since) and np.isnan(at_due[5]))
+        np.testing.assert_array_equal(policy.weights, candidate.weights)
