@@ -27,13 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+from mcpilco_ros.demo import keep_discovery_local  # imports no rclpy
+
 # Imposed, as in test/conftest.py: a benchmark's nodes never join a robot's graph from an exported domain or range.
-if os.environ.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "OFF":
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-if os.environ.get("ROS_DISTRO") == "humble":   # Humble's rcl knows ROS_LOCALHOST_ONLY, not the range
-    os.environ["ROS_LOCALHOST_ONLY"] = "1"
-os.environ.pop("ROS_STATIC_PEERS", None)
-os.environ["ROS_DOMAIN_ID"] = str(200 + os.getpid() % 30)
+keep_discovery_local(os.environ, 200 + os.getpid() % 30)
 os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_bench_log_"))
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 

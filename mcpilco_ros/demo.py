@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,18 @@ def write_overrides(path: Path, sections: dict[str, dict]) -> Path:
     path.write_text(yaml.safe_dump({node: {"ros__parameters": values} for node, values in sections.items()}),
                     encoding="utf-8")
     return path
+
+
+def keep_discovery_local(env: MutableMapping[str, str], domain: int) -> None:
+    """Impose (not default) localhost-only discovery and ``domain`` on ``env``: a domain, range or static peers
+    exported for a robot must never put the tests' or a benchmark's nodes into that robot's graph. ``OFF`` (no
+    discovery at all) is kept; Humble's rcl knows ``ROS_LOCALHOST_ONLY``, not the range (Iron and newer)."""
+    if env.get("ROS_AUTOMATIC_DISCOVERY_RANGE") != "OFF":
+        env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    if env.get("ROS_DISTRO") == "humble":
+        env["ROS_LOCALHOST_ONLY"] = "1"
+    env.pop("ROS_STATIC_PEERS", None)
+    env["ROS_DOMAIN_ID"] = str(domain)
 
 
 def ros_environment() -> dict[str, str]:

@@ -16,6 +16,7 @@ if [ -n "${ROS_DISTRO:-}" ]; then
   # apt's ROS 2 (Humble, Jazzy, Kilted) is built against numpy 1.x: keep numpy 1 in front of it (the whole suite
   # passes with numpy 1.26.4 and scipy 1.15.3, README "Installing on a robot computer")
   system_ros_requirements=$(mktemp -t mcpilco_requirements.XXXXXX)
+  trap 'rm -f "$system_ros_requirements"' EXIT
   sed -e 's/^numpy==.*/numpy==1.26.4/' -e 's/^scipy==.*/scipy==1.15.3/' requirements.txt | awk '!seen[$0]++' \
     > "$system_ros_requirements"
   REQUIREMENTS=(-r "$system_ros_requirements")
