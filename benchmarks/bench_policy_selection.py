@@ -14,6 +14,7 @@ work) are spread evenly over its lead, so the maximum is what a decision costs a
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,7 @@ def main() -> None:
         scores, decisions, switches, times = [], [], [], []
         for seed in args.seeds:
             timed = Timed(build_controller(config, policy))
+            gc.freeze()        # as the ROS nodes do after their setup (run_node): no full collection walks it
             scores.append(evaluate_seed(timed, config, seed, keep_trajectory=False).score)
             selection = timed.supervisor.selection
             decisions.append(selection.decisions if selection is not None else 0)

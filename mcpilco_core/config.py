@@ -518,6 +518,9 @@ class CatchConfig:
                                low=0.0, high=100.0)
 
 
+BANK_SEPARATOR = ":"   # between the directories of ``selection.bank``, as in PATH
+
+
 @dataclass(frozen=True)
 class SelectionConfig:
     """Opt-in: several swing-up policies, the one to run chosen by simulating each, through the supervisor, on the
@@ -528,8 +531,8 @@ class SelectionConfig:
     """
 
     bank: str = setting("directory of the other candidate policies (its *.npz files, by name; relative to the robot "
-                        "file); the loaded policy is candidate 0; '' = none (then the selection is off unless "
-                        "dither_phases > 1)", "")
+                        "file), or several separated by ':' as in PATH (candidates in that order); the loaded policy "
+                        "is candidate 0; '' = none (then the selection is off unless dither_phases > 1)", "")
     horizon: float = setting("s, how long each candidate is simulated", 2.5, positive=True, high=60.0)
     interval: float = setting("s between decisions while a policy is in charge (and one whenever the states resume "
                               "after a gap)", 0.5, positive=True, high=3600.0)
@@ -800,9 +803,14 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
         raise ConfigError(source, "selection.bank" if selection.bank else "selection.dither_phases",
                           "the selection does not run with the catch plan (catch.enabled): its simulations would have "
                           "to solve the plans too")
-    bank = _beside(base_dir, selection.bank) if selection.bank else None
-    if bank is not None and not bank.is_dir():
-        raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
+    parts = selection.bank.split(BANK_SEPARATOR) if selection.bank else []
+    if any(not part.strip() for part in parts):
+        raise ConfigError(source, "selection.bank", f"an empty directory name in {selection.bank!r} (directories are "
+                                                    f"separated by {BANK_SEPARATOR!r})")
+    banks = [_beside(base_dir, part.strip()) for part in parts]
+    for bank in banks:
+        if not bank.is_dir():
+            raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
     plant = None
     if selection.plant_model:
         models_file = _models_file(source, "selection.plant_models_file", base_dir, selection.plant_models_file)
@@ -810,7 +818,7 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
             plant = load_plant_parameters(models_file, selection.plant_model)
         except ConfigError as exc:
             raise ConfigError(source, "selection.plant_model", str(exc)) from exc
-    return replace(selection, bank=str(bank.resolve()) if bank is not None else "", plant=plant)
+    return replace(selection, bank=BANK_SEPARATOR.join(str(bank.resolve()) for bank in banks), plant=plant)
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

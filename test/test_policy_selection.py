@@ -53,11 +53,14 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     assert shipped_select.selection.enabled and len(load_bank(shipped_select, load_policy(SHIPPED))) == 7
     proxy = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")      # the design robot's plant
     proxy_policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
-    assert len(load_bank(proxy, proxy_policy)) == 2 and proxy.selection.plant.cf[0] > 0.1 and proxy.plant.cf[0] == 0
+    assert len(load_bank(proxy, proxy_policy)) == 9 and proxy.selection.plant.cf[0] > 0.1 and proxy.plant.cf[0] == 0
 
 
 @pytest.mark.parametrize("values, field, words", [
     ({"bank": "no/such/dir"}, "selection.bank", "no such directory"),
+    ({"bank": "/tmp:no/such/dir"}, "selection.bank", "no such directory"),
+    ({"bank": "/tmp::/tmp"}, "selection.bank", "an empty directory name"),
+    ({"bank": "/tmp: "}, "selection.bank", "an empty directory name"),
     ({"lead": 0.003}, "selection.lead", "whole number of control periods"),
     ({"step": 0.003}, "selection.step", "does not divide"),
     ({"step": 0.04, "lead": 0.04}, "selection.step", "does not divide policy_period"),
@@ -88,6 +91,29 @@ def test_it_refuses_the_catch_plan_a_bad_bank_file_and_an_empty_bank(tmp_path):
     config = load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=str(empty)))
     with pytest.raises(ConfigError, match="no \\*.npz policy"):
         build_controller(config, load_policy(SHIPPED))
+
+
+def test_several_bank_directories_give_their_candidates_in_turn_each_once(tmp_path):
+    """``bank: A:B`` (as in PATH): A's files by name, then B's; a policy in both, or the loaded one, counts once; an
+    empty directory among them is refused by name."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    shipped = load_policy(SHIPPED)
+    save_policy(dataclasses.replace(shipped, weights=shipped.weights * 0.5), second / "a_half.npz")
+    save_policy(dataclasses.replace(shipped, weights=shipped.weights * 0.25), first / "z_quarter.npz")
+    shutil.copy(second / "a_half.npz", first / "b_half_again.npz")
+    shutil.copy(SHIPPED, second / "b_shipped.npz")
+    config = load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=f"{first}:{second}"))
+    assert config.selection.bank == f"{first.resolve()}:{second.resolve()}"
+    bank = load_bank(config, shipped)
+    scales = [float(np.linalg.norm(policy.weights) / np.linalg.norm(shipped.weights)) for policy in bank]
+    assert scales == pytest.approx([0.5, 0.25])      # first/b_half_again, first/z_quarter; second's are repeats
+    relative = load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank="first : second"))
+    assert relative.selection.bank == config.selection.bank     # each part relative to the robot file, spaces dropped
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no \\*.npz policy in .*empty"):
+        load_bank(load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=f"{first}:{tmp_path / 'empty'}")))
 
 
 def run(config, policy, seconds: float, finish_steps: bool = False, profile: str = "nominal"):
@@ -185,12 +211,20 @@ def test_a_reloaded_policy_runs_at_once_and_a_gap_starts_a_new_decision(tmp_path
     assert not supervisor.selection.pending and supervisor.selected == 0 and supervisor.selection.decisions == decisions
 
 
+def proxy_with_two_phases():
+    """``acrobot_dither_select.yaml`` with two dither phases, its bank the proxy run's two relatives alone and a 0.1 s
+    lead (the shipped file's selection before the nominal candidates joined it): three candidates."""
+    shipped = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")
+    bank = str((REPO / "policies" / "acrobot_hardware_proxy_bank").resolve())
+    return dataclasses.replace(shipped, selection=dataclasses.replace(shipped.selection, dither_phases=2, bank=bank,
+                                                                      lead=0.1))
+
+
 def test_the_dither_phase_is_chosen_with_the_candidate():
     """``selection.dither_phases``: each candidate is simulated once per starting phase of the balance dither, the
     best (candidate, phase) pair runs, and the live shake then carries that phase (a square wave half a period on:
     the first push the other way)."""
-    shipped = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")
-    config = dataclasses.replace(shipped, selection=dataclasses.replace(shipped.selection, dither_phases=2))
+    config = proxy_with_two_phases()
     policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
     half = 0.5 / config.dither.frequency                                      # s: 62.5 ms at 8 Hz
     supervisor = build_controller(config, policy)
@@ -332,8 +366,7 @@ def test_a_decisions_values_are_each_candidates_run_from_the_state_predicted_at_
 
 def test_the_chosen_dither_phase_runs_from_the_due_time():
     """The live supervisor takes the decision's whole option at the due time: its candidate and its shake's phase."""
-    shipped = load_robot_config(REPO / "config" / "acrobot_dither_select.yaml")
-    config = dataclasses.replace(shipped, selection=dataclasses.replace(shipped.selection, dither_phases=2))
+    config = proxy_with_two_phases()
     policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
     x = np.array([np.pi - 0.4, 0.6, 1.5, -1.0])
     probe = build_controller(config, policy)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ConfigError, RobotConfig, load_robot_config
+from ..config import BANK_SEPARATOR, ConfigError, RobotConfig, load_robot_config
 from ..plant import DoublePendulum
 from ..policy import SumOfGaussiansPolicy, check_period, load_policy
 from .lqr import LqrDesign, configured_lqr, design_lqr
@@ -33,14 +33,18 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
 
 
 def load_bank(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None) -> list[SumOfGaussiansPolicy]:
-    """The opt-in selection's other candidates: the bank directory's ``*.npz`` files by name, each validated for this
-    robot, its torque limit and its policy period, less any with the same parameters as ``policy`` or an earlier one
-    ([] when the selection is off or names no bank). PolicyError names a bad file; ConfigError an empty bank."""
+    """The opt-in selection's other candidates: each bank directory's ``*.npz`` files by name, directory after
+    directory, each validated for this robot, its torque limit and its policy period, less any with the same
+    parameters as ``policy`` or an earlier one ([] when the selection is off or names no bank). PolicyError names a
+    bad file; ConfigError a bank directory without a policy."""
     if not config.selection.enabled or not config.selection.bank:
         return []
-    files = sorted(Path(config.selection.bank).glob("*.npz"))
-    if not files:
-        raise ConfigError(config.source, "selection.bank", f"no *.npz policy in {config.selection.bank}")
+    files = []
+    for directory in config.selection.bank.split(BANK_SEPARATOR):   # each directory's files by name, in turn
+        found = sorted(Path(directory).glob("*.npz"))
+        if not found:
+            raise ConfigError(config.source, "selection.bank", f"no *.npz policy in {directory}")
+        files.extend(found)
     seen = {policy.version()} if isinstance(policy, SumOfGaussiansPolicy) else set()
     bank = []
     for path in files:
