@@ -358,6 +358,24 @@ def test_diagnostics_warn_when_a_share_of_a_selection_outlasts_the_control_perio
             assert "selection.lead" in peer.last_status("controller").message
 
 
+def test_a_bank_of_several_directories_reaches_the_supervisor_as_a_ros_parameter(tmp_path):
+    """``selection.bank`` naming two directories (``A:B``, as the shipped proxy acrobot config does): the node's
+    supervisor weighs the loaded policy and each directory's candidate, in that order."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory, seed in ((first, 3), (second, 4)):
+        directory.mkdir()
+        save_policy(random_policy(seed), directory / "candidate.npz")
+    save_policy(random_policy(5), tmp_path / "loaded.npz")
+    with rig() as r:
+        controller = r.add(make_controller(r.context, policy=str(tmp_path / "loaded.npz"),
+                                           **{"selection.bank": f"{first}:{second}"}))
+        assert controller.config.selection.bank == f"{first.resolve()}:{second.resolve()}"
+        supervisor = controller.supervisor
+        supervisor.step(np.array([0.1, 0.0, 0.0, 0.0]), 0.0)            # hanging: the policy runs, a decision starts
+        supervisor.selection.finish()
+        assert [index for index, _ in supervisor.selection.last_options] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("observer", [False, True])
 def test_diagnostics_say_whether_the_state_observer_is_on(observer):
     """The opt-in state observer (observer.enabled) is a ROS parameter like any robot setting, and the diagnostics
