@@ -78,3 +78,12 @@ def test_a_bank_directory_setup_py_forgot_is_found_missing(installed, tmp_path):
     shutil.rmtree(share / "policies" / "acrobot_bank")
     with pytest.raises(ConfigError, match="selection.bank.*acrobot_bank"):
         load_robot_config(share / "config" / "acrobot_dither_select.yaml")
+
+
+def test_every_installed_roa_cache_belongs_to_a_robot_config(installed):
+    """A ``<name>.roa.json`` is the cached estimate of ``<name>.yaml``'s region of attraction: one without its robot
+    config is left over from a scratch file and would be installed on the robot computer for nothing."""
+    configs = {path.stem for path in robot_configs(installed)}
+    caches = sorted(installed.joinpath("config").glob("*.roa.json"))
+    assert caches
+    assert [path.name for path in caches if path.name.removesuffix(".roa.json") not in configs] == []
