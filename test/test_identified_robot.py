@@ -244,3 +244,68 @@ def test_the_motor_lag_starts_from_the_previous_command(repo):
         expected = DoublePendulum(plant).rk4_step(expected, np.stack([applied, np.zeros(2)], -1), 0.002)
     got = delayed_velocities(plant, x, u, previous, 0.02, 0.002, 0, 1, 0.5)
     np.testing.assert_allclose(got, expected[:, 2:], rtol=0, atol=1e-12)
+
+
+def velocity_error(plant, truth, actuated: int, seed: int = 1) -> np.ndarray:
+    """RMS error (rad/s, per joint) of ``plant``'s velocities 20 ms after random states and torques on the
+    ``actuated`` joint, against ``truth``'s."""
+    from mcpilco_core.plant import DoublePendulum
+
+    rng = np.random.default_rng(seed)
+    x0 = np.column_stack([rng.uniform(-np.pi, np.pi, (500, 2)), rng.normal(0.0, 4.0, (500, 2))])
+    u = np.zeros((500, 2))
+    u[:, actuated] = rng.uniform(-6.0, 6.0, 500)
+    ends = []
+    for params in (plant, truth):
+        model, x = DoublePendulum(params), x0.copy()
+        for _ in range(10):
+            x = model.rk4_step(x, u, 0.002)
+        ends.append(x[:, 2:])
+    return np.sqrt(np.mean((ends[0] - ends[1]) ** 2, axis=0))
+
+
+def test_with_mechanics_scales_the_links_and_keeps_each_inertia_at_least_the_point_masss(pendubot_config):
+    from mcpilco_core.learning.identified_robot import with_mechanics
+
+    prior = pendubot_config.plant
+    plant = with_mechanics(prior, np.array([1.1, 0.9, 1.2, 0.8, 1.0, 0.5]))
+    assert plant.m == pytest.approx((prior.m[0] * 1.1, prior.m[1] * 0.9))
+    assert plant.r == pytest.approx((prior.r[0] * 1.2, prior.r[1] * 0.8))
+    assert plant.I[0] == pytest.approx(max(prior.I[0], plant.m[0] * plant.r[0] ** 2))
+    assert plant.I[1] == pytest.approx(max(prior.I[1] * 0.5, plant.m[1] * plant.r[1] ** 2))
+    assert plant.l == prior.l and plant.cf == prior.cf and plant.Ir == prior.Ir
+
+
+def test_the_mechanics_of_a_robot_with_other_links_come_back_from_one_exploration_trial(repo):
+    """``mechanics``: on an acrobot whose links differ from the prior's (``perturbed:2``: every parameter within
+    10 %), fitting the masses, centres of mass and inertias as well makes the identified plant move as the robot does
+    where friction alone cannot; on the prior's own robot the fit leaves the plant as it is."""
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.simulation import load_robot_profile
+
+    config = load_robot_config(repo / "config" / "acrobot.yaml")
+    truth = load_robot_profile("perturbed:2").plant_parameters(config)
+    trial = [recording(config, "perturbed:2", 1)]
+    friction_only = identify_robot(config.plant, trial, 1, config.torque_limit)
+    mechanics = identify_robot(config.plant, trial, 1, config.torque_limit, mechanics=True)
+    before, after = velocity_error(friction_only.plant, truth, 1), velocity_error(mechanics.plant, truth, 1)
+    assert np.all(after < 0.6 * before), (before, after)
+    assert friction_only.plant.m == config.plant.m and mechanics.plant.m != config.plant.m
+    assert mechanics.plant.l == config.plant.l and mechanics.delay_steps == friction_only.delay_steps == 2
+    ideal = identify_robot(config.plant, [recording(config, "nominal", 1)], 1, config.torque_limit, mechanics=True)
+    assert max(velocity_error(ideal.plant, config.plant, 1)) < 0.01
+
+
+def test_mcpilco_identify_mechanics_prints_and_writes_the_fitted_links(proxy_run, tmp_path, capsys):
+    from mcpilco_core.simulation import load_robot_profile
+    from mcpilco_ros import cli
+
+    out = tmp_path / "design" / "links.yaml"
+    assert cli.main(["identify", str(proxy_run), "--trials", "0", "--mechanics", "--write", str(out)]) == 0
+    printed = capsys.readouterr().out
+    config = RunDirectory(proxy_run).load_config()
+    lengths = config.model_robot.plant.l
+    assert "mechanics: m " in printed and f"lengths {lengths[0]:g} / {lengths[1]:g} m kept" in printed
+    written = load_robot_profile(out).plant_parameters(config.robot)
+    masses = printed.split("mechanics: m ")[1].split(" kg")[0]
+    assert masses == f"{written.m[0]:.4g} / {written.m[1]:.4g}" and written.l == config.model_robot.plant.l

@@ -155,6 +155,9 @@ def register(subparsers) -> None:
     p.add_argument("--trials", type=int, default=None, metavar="K", help="only trials 0..K (default: all)")
     p.add_argument("--write", type=Path, default=None, metavar="PROFILE.yaml",
                    help="write a robot profile file; its plant goes into plant_models.yaml beside it (added)")
+    p.add_argument("--mechanics", action="store_true",
+                   help="fit the links' masses, centre-of-mass distances and inertias too (within 0.5-1.5 times the "
+                        "prior's; the lengths stay): for a robot whose links differ from the prior's")
     p.set_defaults(func=_run_identify)
 
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
@@ -399,12 +402,17 @@ def _run_identify(args: argparse.Namespace) -> int:
             print(f"error: --trials must be >= 0 (trials 0 .. K), got {args.trials}", file=sys.stderr)
             return 2
         recordings = recordings[: args.trials + 1]
-    found = identify_robot(config.model_robot.plant, recordings, config.robot.actuated_joint, config.robot.torque_limit)
+    found = identify_robot(config.model_robot.plant, recordings, config.robot.actuated_joint, config.robot.torque_limit,
+                           mechanics=args.mechanics)
     if found is None:
         print(f"error: {args.run}: too few usable state-rate windows in {len(recordings)} trial(s) to identify the "
               "robot (the states need the driver's effort)", file=sys.stderr)
         return 2
     print(f"{args.run}: {len(recordings)} trial(s), prior {config.model_robot.plant.name}: {found.summary()}")
+    if args.mechanics:
+        p = found.plant
+        print(f"  mechanics: m {p.m[0]:.4g} / {p.m[1]:.4g} kg, r {p.r[0]:.4g} / {p.r[1]:.4g} m, "
+              f"I {p.I[0]:.4g} / {p.I[1]:.4g} kg m^2 (lengths {p.l[0]:g} / {p.l[1]:g} m kept)")
     if args.write is not None:
         try:
             models = write_profile(found, args.write, f"identified from {args.run} ({len(recordings)} trial(s))")

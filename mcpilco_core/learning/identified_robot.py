@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,8 @@ MAX_WINDOWS = 1500     # windows per fit (a random subset): about a second per d
 MIN_WINDOWS = 50       # fewer usable windows: nothing identified
 NOISE_SEED = 7919      # the identified robot's own noise streams (profile seed), apart from the simulated robots'
                        # profiles (seed 0): a judge must not replay the robot's very noise
+MECHANICS_BOUNDS = (0.5, 1.5)   # opt-in ``mechanics``: factors on the prior's m1, m2, r1, r2, I1, I2
+MECHANICS_SCALE = 0.05
 
 
 @dataclass(frozen=True)
@@ -169,13 +171,38 @@ def _simulate(plant: PlantParameters, starts: np.ndarray, torques: np.ndarray, d
     return x
 
 
-def _fit_plant(prior: PlantParameters, starts, torques, ends, dt: float) -> tuple[PlantParameters, np.ndarray]:
-    def residual(theta: np.ndarray) -> np.ndarray:
-        return (_simulate(with_parameters(prior, theta), starts, torques, dt)[:, 2:] - ends[:, 2:]).ravel()
+def with_mechanics(plant: PlantParameters, factors: np.ndarray) -> PlantParameters:
+    """``plant`` with its masses, centre-of-mass distances and inertias (m1, m2, r1, r2, I1, I2) times ``factors``;
+    each inertia kept at least m r^2 (about the joint: at least the point mass's). The lengths stay: a ruler
+    measures them."""
+    f = np.asarray(factors, dtype=float)
+    m = (plant.m[0] * f[0], plant.m[1] * f[1])
+    r = (plant.r[0] * f[2], plant.r[1] * f[3])
+    inertia = tuple(max(plant.I[j] * f[4 + j], m[j] * r[j] ** 2) for j in range(2))
+    return replace(plant, m=tuple(float(v) for v in m), r=tuple(float(v) for v in r),
+                   I=tuple(float(v) for v in inertia))
 
-    start = np.clip(parameters_of(prior), LOWER, UPPER)
-    fit = least_squares(residual, start, bounds=(LOWER, UPPER), x_scale=SCALE, diff_step=1e-3, max_nfev=60)
-    plant = with_parameters(prior, fit.x) if np.all(np.isfinite(fit.x)) else prior
+
+def _fit_plant(prior: PlantParameters, starts, torques, ends, dt: float,
+               mechanics: bool = False) -> tuple[PlantParameters, np.ndarray]:
+    """The prior's b, cf, Ir (and with ``mechanics`` its m, r, I as factors) fitted to the windows' end velocities.
+    Only four combinations of m, r, I act on the motion (I1 + m2 l1^2, I2, m2 r2, m1 r1 + m2 l1): the fit moves
+    the factors along those and leaves the rest at the prior's."""
+    def plant_of(theta: np.ndarray) -> PlantParameters:
+        plant = with_parameters(prior, theta[:5])
+        return with_mechanics(plant, theta[5:]) if mechanics else plant
+
+    def residual(theta: np.ndarray) -> np.ndarray:
+        return (_simulate(plant_of(theta), starts, torques, dt)[:, 2:] - ends[:, 2:]).ravel()
+
+    start, lower, upper, scale = np.clip(parameters_of(prior), LOWER, UPPER), LOWER, UPPER, SCALE
+    if mechanics:
+        start, scale = np.append(start, np.ones(6)), np.append(scale, np.full(6, MECHANICS_SCALE))
+        lower, upper = np.append(lower, np.full(6, MECHANICS_BOUNDS[0])), np.append(upper,
+                                                                                      np.full(6, MECHANICS_BOUNDS[1]))
+    fit = least_squares(residual, start, bounds=(lower, upper), x_scale=scale, diff_step=1e-3,
+                        max_nfev=120 if mechanics else 60)
+    plant = plant_of(fit.x) if np.all(np.isfinite(fit.x)) else prior
     return plant, _simulate(plant, starts, torques, dt) - ends
 
 
@@ -197,12 +224,18 @@ def motor_lag(recordings: list[StateRecording], actuated: int, limit: float) -> 
 
 
 def identify_robot(prior: PlantParameters, recordings: list[StateRecording], actuated: int, torque_limit: float,
-                   rng: np.random.Generator | None = None) -> IdentifiedRobot | None:
+                   rng: np.random.Generator | None = None, mechanics: bool = False) -> IdentifiedRobot | None:
     """The robot behind ``recordings``: for each delay of 0 .. MAX_DELAY_STEPS state steps the prior's b, cf and Ir
     are fitted to 10-step windows (velocity after the window, rad/s); the delay whose fit leaves the least residual
     wins; every delay is fitted on the same windows. The measurement noise is the residual over sqrt(2) (noise at
     both ends of a window), per joint and coordinate; the motor lag and torque noise come from :func:`motor_lag`.
-    ``recordings`` may hold None (a trial without effort). None without MIN_WINDOWS usable windows."""
+    ``recordings`` may hold None (a trial without effort). None without MIN_WINDOWS usable windows.
+
+    ``mechanics`` (opt-in, for design robots: ``mcpilco identify --mechanics``): the masses, centre-of-mass distances
+    and inertias are fitted too, as factors within MECHANICS_BOUNDS of the prior's. Why: a robot built with other
+    links than the prior's drawing moves otherwise, and a design robot with the prior's mechanics judges controller
+    settings on the wrong robot. The learner's own identification (``gp.identify_robot``) keeps the prior's
+    mechanics: its model file stores b, cf and Ir only."""
     rng = rng or np.random.default_rng(0)
     recordings = [r for r in recordings if r is not None and len(r.effort) > WINDOW + MAX_DELAY_STEPS]
     picks = _windows(recordings, rng)
@@ -212,7 +245,7 @@ def identify_robot(prior: PlantParameters, recordings: list[StateRecording], act
     r, torque_noise = motor_lag(recordings, actuated, torque_limit)
     best: tuple[float, IdentifiedRobot] | None = None
     for delay in range(MAX_DELAY_STEPS + 1):
-        plant, error = _fit_plant(prior, *_window_data(recordings, picks, delay), dt)
+        plant, error = _fit_plant(prior, *_window_data(recordings, picks, delay), dt, mechanics)
         rms = np.sqrt(np.mean(error ** 2, axis=0))
         if best is not None and float(np.sum(rms[2:] ** 2)) >= best[0]:
             continue
