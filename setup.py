@@ -31,6 +31,8 @@ setup(
         (f"share/{PACKAGE}/config/design_robots", glob("config/design_robots/*.yaml")),
         (f"share/{PACKAGE}/policies", glob("policies/*.npz")),
         (f"share/{PACKAGE}/policies/acrobot_bank", glob("policies/acrobot_bank/*.npz")),   # config/acrobot_select.yaml
+        (f"share/{PACKAGE}/policies/acrobot_bank_mirrored",                              # and acrobot_select.yaml
+         glob("policies/acrobot_bank_mirrored/*.npz")),
         (f"share/{PACKAGE}/policies/acrobot_hardware_proxy_bank",                        # acrobot_dither_select.yaml
          glob("policies/acrobot_hardware_proxy_bank/*.npz")),
     ],

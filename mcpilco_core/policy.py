@@ -542,6 +542,26 @@ def import_realaigym(path: str | Path, robot: str, u_max: float | None = None,
 
 
 # --------------------------------------------------------------------------------------------------
+# The mirror image
+
+
+MIRROR = np.array([-1.0, -1.0, 1.0, 1.0, -1.0, -1.0])   # phi(-x) = MIRROR * phi(x): dq and sin q change sign
+
+
+def mirrored(policy: SumOfGaussiansPolicy) -> SumOfGaussiansPolicy:
+    """The policy's mirror image, pi'(x) = -pi(-x): the centres' dq and sin q coordinates and the weights negated.
+
+    Why: the double pendulum is symmetric about the vertical (gravity, inertia and friction are; the torque limit
+    is), so if x(t) is a motion under u(t), -x(t) is one under -u(t). pi' does from -x exactly what pi does from x: a
+    different swing-up from the same state, learnt with no data of its own. The opt-in policy selection uses such
+    policies as free candidates (config/acrobot_select.yaml). Metadata: ``mirrored_from``, the source's version."""
+    return SumOfGaussiansPolicy(centers=policy.centers * MIRROR, log_lengthscales=policy.log_lengthscales.copy(),
+                                weights=-policy.weights, u_max=policy.u_max, robot=policy.robot,
+                                control_period=policy.control_period,
+                                metadata={**policy.metadata, "mirrored_from": policy.version()})
+
+
+# --------------------------------------------------------------------------------------------------
 # Export for RealAIGym's runtime
 
 

@@ -23,7 +23,8 @@ def test_a_variant_changes_only_its_assignments_and_bad_ones_are_refused():
     bench = load_benchmark("bench_policy_selection")
     config = bench.variant(ROOT / "config" / "acrobot_select.yaml", "selection.step=0.002,selection.lead=0.04")
     assert (config.selection.step, config.selection.lead, config.selection.horizon) == (0.002, 0.04, 2.5)
-    assert config.selection.bank == str((ROOT / "policies" / "acrobot_bank").resolve())
+    banks = (ROOT / "policies" / "acrobot_bank", ROOT / "policies" / "acrobot_bank_mirrored")
+    assert config.selection.bank == ":".join(str(bank.resolve()) for bank in banks)
     with pytest.raises(ConfigError, match=r"selection\.lead"):
         bench.variant(ROOT / "config" / "acrobot_select.yaml", "selection.lead=0.003")
 

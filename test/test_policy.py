@@ -373,3 +373,49 @@ def test_the_compensated_proxy_policy_says_so_and_bounds_the_passive_joint(repo)
     (result,) = evaluate_seeds(spec, [0], duration=6.0, profile="hardware_proxy")
     assert result.friction_compensation and result.to_dict()["friction_compensation"] is True
     assert 0.0 < result.passive_max_torque <= 0.5 and result.passive_max_applied_torque <= 0.5 + 1e-9
+
+
+def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
+    """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
+    included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""
+    from mcpilco_core.config import load_plant_parameters
+    from mcpilco_core.plant import DoublePendulum
+    from mcpilco_core.policy import mirrored
+
+    policy = load_policy(repo / "policies" / "acrobot.npz")
+    image = mirrored(policy)
+    x = np.random.default_rng(3).normal(0.0, 3.0, (200, 4))
+    np.testing.assert_allclose(image(x), -policy(-x), rtol=1e-12, atol=1e-12)
+    assert mirrored(image).version() == policy.version() and image.version() != policy.version()
+    assert image.metadata["mirrored_from"] == policy.version()
+    plant = DoublePendulum(load_plant_parameters(repo / "config" / "plant_models.yaml", "model_1.0"))
+    ends = []
+    for controller, start in ((policy, np.array([0.4, -0.3, 2.0, -1.0])), (image, np.array([-0.4, 0.3, -2.0, 1.0]))):
+        x = start
+        for _ in range(100):                                   # 2 s at the policy's 20 ms, RK4 at 2 ms
+            u = np.array([0.0, float(controller(x))])
+            for _ in range(10):
+                x = plant.rk4_step(x, u, 0.002)
+        ends.append(x)
+    np.testing.assert_allclose(ends[1], -ends[0], atol=1e-9)
+
+
+def test_mcpilco_mirror_writes_the_mirror_image_and_refuses_bad_paths(repo, tmp_path, capsys):
+    from mcpilco_core.policy import mirrored
+    from mcpilco_ros import cli
+
+    source = repo / "policies" / "acrobot.npz"
+    out = tmp_path / "image.npz"
+    assert cli.main(["mirror", str(source), str(out)]) == 0
+    assert load_policy(out).version() == mirrored(load_policy(source)).version()
+    assert cli.main(["mirror", str(source), str(out)]) == 2 and "exists" in capsys.readouterr().err
+    assert cli.main(["mirror", str(source), str(out), "--force"]) == 0
+    assert cli.main(["mirror", str(source), str(tmp_path / "no" / "image.npz")]) == 2
+    assert cli.main(["mirror", str(source), str(tmp_path / "image.txt")]) == 2
+    assert cli.main(["mirror", str(tmp_path / "missing.npz"), str(tmp_path / "other.npz")]) == 2
+    assert "error" in capsys.readouterr().err and not (tmp_path / "other.npz").exists()
+    shipped = repo / "policies" / "acrobot_bank_mirrored"        # the shipped images are what the command writes
+    assert len(sorted(shipped.glob("*.npz"))) == 2
+    for path in sorted(shipped.glob("*.npz")):
+        original = repo / "policies" / "acrobot_bank" / path.name.replace("_mirrored", "")
+        assert load_policy(path).version() == mirrored(load_policy(original)).version()

@@ -160,6 +160,16 @@ def register(subparsers) -> None:
                         "prior's; the lengths stay): for a robot whose links differ from the prior's")
     p.set_defaults(func=_run_identify)
 
+    p = subparsers.add_parser("mirror", help="write a policy's mirror image, pi'(x) = -pi(x mirrored): a free "
+                                          "candidate for the policy selection",
+                              description="The double pendulum is symmetric about the vertical, so the mirror image "
+                                          "of a policy does from the mirrored state what the policy does from the "
+                                          "state (policy.mirrored). No data, no robot time.")
+    p.add_argument("policy", type=Path, help="policy file (.npz of this package)")
+    p.add_argument("out", type=Path, help="output .npz")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.set_defaults(func=_run_mirror)
+
     p = subparsers.add_parser("export", help="convert a policy file (e.g. to RealAIGym's .np)")
     p.add_argument("policy", type=Path, help="policy file (.npz of this package, or a run's policy.npz)")
     p.add_argument("--realaigym", type=Path, required=True, help="output: RealAIGym MC-PILCO pickle (.np)")
@@ -420,6 +430,26 @@ def _run_identify(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"wrote the robot profile {args.write} (plant model in {models})")
+    return 0
+
+
+def _run_mirror(args: argparse.Namespace) -> int:
+    from ..policy import PolicyError, load_policy, mirrored, save_policy
+
+    if args.out.suffix != ".npz" or args.out.is_dir() or not args.out.parent.is_dir():
+        print(f"error: {args.out}: name a .npz file in an existing folder", file=sys.stderr)
+        return 2
+    if args.out.exists() and not args.force:
+        print(f"error: {args.out} exists; pass --force to replace it", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy)
+    except (PolicyError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    image = mirrored(policy)
+    save_policy(image, args.out)
+    print(f"wrote {args.out}: the mirror image of {args.policy} ({policy.robot}, version {image.version()})")
     return 0
 
 
