@@ -545,7 +545,8 @@ def import_realaigym(path: str | Path, robot: str, u_max: float | None = None,
 # The mirror image
 
 
-MIRROR = np.array([-1.0, -1.0, 1.0, 1.0, -1.0, -1.0])   # phi(-x) = MIRROR * phi(x): dq and sin q change sign
+# phi(-x) = MIRROR * phi(x): of the features only the cosines keep their sign
+MIRROR = np.array([1.0 if name.startswith("cos_") else -1.0 for name in FEATURE_ORDER])
 
 
 def mirrored(policy: SumOfGaussiansPolicy) -> SumOfGaussiansPolicy:
