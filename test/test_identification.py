@@ -61,10 +61,11 @@ def test_the_model_identifies_before_fitting_and_reloads_the_identified_prior(pe
 @pytest.mark.parametrize("bad,problem,good,setting", [
     ("identify: maybe", "gp.identify", "identify: true", "identify"),
     ("delay_aware: true", "gp.delay_aware.*needs gp.identify", "delay_aware: true, identify: true", "delay_aware"),
-    ("lengthscale_floor: -0.05", "gp.lengthscale_floor", "lengthscale_floor: 0.05", "lengthscale_floor")])
+    ("lengthscale_floor: -0.05", "gp.lengthscale_floor", "lengthscale_floor: 0.05", "lengthscale_floor"),
+    ("mirror_data: 1", "gp.mirror_data", "mirror_data: true", "mirror_data")])
 def test_the_settings_are_validated(tmp_path, repo, bad, problem, good, setting):
     """gp.identify must be a boolean; gp.delay_aware needs gp.identify (the delay is fitted with the friction);
-    gp.lengthscale_floor is a fraction >= 0."""
+    gp.lengthscale_floor is a fraction >= 0; gp.mirror_data a boolean."""
     path = tmp_path / "t.yaml"
     path.write_text(f"base: {repo / 'config' / 'train_tiny.yaml'}\ngp: {{{bad}}}\n")
     with pytest.raises(ConfigError, match=problem):

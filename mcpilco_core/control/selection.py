@@ -130,11 +130,15 @@ class PolicySelection:
             shadow.use_policy(candidates[index])
             shadow.use_dither_offset(offset)
             _, up = yield from self._rollout(x_due, t_due, self.horizon_steps)
-            values.append(up * self.dt)
+            values.append(self._value(up))
         self.last_options, self.last_values = options, values
         best = int(np.argmax(values))
         keep = values[options.index(running)]
         self._choice = options[best] if values[best] > keep + self.settings.margin else running
+
+    def _value(self, up: int) -> float:
+        """What an option's simulation is worth (s above the line), the shadow as the simulation left it."""
+        return up * self.dt
 
     def _rollout(self, x: tuple, t: float, steps: int) -> Generator[None, None, tuple[tuple, int]]:
         """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns

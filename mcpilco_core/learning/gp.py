@@ -57,6 +57,9 @@ class GPSettings:
     a set of spikes, here 9e-6 for cos q1 on the proxy acrobot; its scaled inputs reach 1e5, and the float32
     rollout's expanded squared distance cancels catastrophically, so exp overflows and particles escape
     (docs/learner.md, "A diverging optimisation rolls back"; ``benchmarks/bench_escapes.py``).
+    mirror_data: the GP also learns every transition's mirror image, (x, u, x') -> (-x, -u, -x') (the pendulum is
+    symmetric about the vertical: ``TransitionData.mirrored``), so the model knows each swing's other side before
+    the robot has been there. The identification still sees the recorded transitions alone.
     """
 
     fit_steps: int = 1500
@@ -71,6 +74,7 @@ class GPSettings:
     identify_robot: bool = False   # identify friction, Ir, delay, lag and noise at the state rate (protocol sims)
     delay_aware: bool = False      # with identify: fit the command delay too; prior and GP see u + a (u_prev - u)
     lengthscale_floor: float = 0.0  # x each input's std over the fit points; 0 = none
+    mirror_data: bool = False      # the GP learns each transition's mirror image too
 
 
 def _inv_softplus(value: np.ndarray) -> np.ndarray:

@@ -359,7 +359,8 @@ def _gp_settings(r: ConfigReader) -> GPSettings:
                       prior=r.string("prior", d.prior, choices=PRIOR_INTEGRATORS),
                       identify=identify, delay_aware=delay_aware,
                       identify_robot=r.boolean("identify_robot", d.identify_robot),
-                      lengthscale_floor=r.number("lengthscale_floor", d.lengthscale_floor, nonnegative=True))
+                      lengthscale_floor=r.number("lengthscale_floor", d.lengthscale_floor, nonnegative=True),
+                      mirror_data=r.boolean("mirror_data", d.mirror_data))
 
 
 def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:

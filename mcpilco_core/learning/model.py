@@ -170,6 +170,8 @@ class DynamicsModel:
                                           fit_delay=self.settings.delay_aware, delay_fraction=self.delay_fraction,
                                           rng=rng)
             self.set_prior_plant(plant, delay)
+        if self.settings.mirror_data:
+            data = data.concat(data.mirrored())
         inputs, targets = self.residual_targets(data)
         if self.hyper is None or not self.settings.warm_start:
             self.hyper = GPHyperparameters.initial(inputs, targets, self.settings.noise_floor)

@@ -42,6 +42,15 @@ class TransitionData:
         return TransitionData(np.concatenate([self.x, other.x]), np.concatenate([self.u, other.u]),
                               np.concatenate([self.x_next, other.x_next]), np.concatenate([self.u_prev, other.u_prev]))
 
+    def mirrored(self) -> TransitionData:
+        """The same transitions reflected about the vertical: every state, next state and torque negated.
+
+        Why: the double pendulum is symmetric about the vertical (gravity, inertias, Coulomb and viscous friction,
+        the torque limit), so if x(t) is a motion under u(t), -x(t) is one under -u(t). A recorded transition
+        is then two: the learner's ``gp.mirror_data`` doubles what each second of robot time teaches the model.
+        """
+        return TransitionData(-self.x, -self.u, -self.x_next, -self.u_prev)
+
     def subset(self, index: np.ndarray) -> TransitionData:
         """The transitions at ``index`` (an index array or a boolean mask), copied."""
         return TransitionData(self.x[index].copy(), self.u[index].copy(), self.x_next[index].copy(),
