@@ -197,9 +197,9 @@ def _fit_plant(prior: PlantParameters, starts, torques, ends, dt: float,
 
     start, lower, upper, scale = np.clip(parameters_of(prior), LOWER, UPPER), LOWER, UPPER, SCALE
     if mechanics:
-        start, scale = np.append(start, np.ones(6)), np.append(scale, np.full(6, MECHANICS_SCALE))
-        lower, upper = np.append(lower, np.full(6, MECHANICS_BOUNDS[0])), np.append(upper,
-                                                                                      np.full(6, MECHANICS_BOUNDS[1]))
+        ones = np.ones(6)                  # m1, m2, r1, r2, I1, I2 as factors on the prior's
+        start, scale = np.append(start, ones), np.append(scale, MECHANICS_SCALE * ones)
+        lower, upper = np.append(lower, MECHANICS_BOUNDS[0] * ones), np.append(upper, MECHANICS_BOUNDS[1] * ones)
     fit = least_squares(residual, start, bounds=(lower, upper), x_scale=scale, diff_step=1e-3,
                         max_nfev=120 if mechanics else 60)
     plant = plant_of(fit.x) if np.all(np.isfinite(fit.x)) else prior
