@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.duration import Duration
 from rclpy.task import Future
 from sensor_msgs.msg import JointState
 from std_srvs.srv import SetBool, Trigger
@@ -60,6 +61,8 @@ REFUSAL_REASONS = ("names", "lengths", "nonfinite", "time_backwards", "time_jump
 # measurement (accepted, it would make every correct state after it "time_backwards" until the watchdog trips). Above
 # the protocol's hidden reset windows (0.2 s of simulated time stepped at once in lockstep) and any scheduling gap.
 TIME_JUMP_LIMIT = 1.0
+# s: how long the armed node's last zero command may wait on its way out for the subscribers' acknowledgement.
+SHUTDOWN_ACK_TIMEOUT = 1.0
 
 CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("policy", "", "swing-up policy: a .npz/.np file, or a directory (its newest *.npz); '' = LQR + "
@@ -388,9 +391,18 @@ class ControllerNode(ConfiguredNode):
         self.publish_status("controller", level, message, values)
 
     def on_shutdown(self) -> None:
-        """A zero command on the way out when armed."""
-        if self.armed:
-            self._publish_zero()
+        """A zero command on the way out when armed, and held until the driver has it.
+
+        Why wait: the process exits right after, and a reliable DDS writer destroyed with the sample still unsent
+        drops it (CI saw the driver never get it). Up to ``SHUTDOWN_ACK_TIMEOUT`` s for every subscriber's ack; the
+        driver's own watchdog remains the backstop when none comes.
+        """
+        if not self.armed:
+            return
+        self._publish_zero()
+        if not self.command_pub.wait_for_all_acked(Duration(seconds=SHUTDOWN_ACK_TIMEOUT)):
+            self.get_logger().warning(f"the zero command on the way out was not acknowledged within "
+                                      f"{SHUTDOWN_ACK_TIMEOUT} s; the driver's watchdog stops the motors")
 
 
 def main(args: list[str] | None = None) -> int:
