@@ -395,14 +395,14 @@ class ControllerNode(ConfiguredNode):
 
         Why wait: the process exits right after, and a reliable DDS writer destroyed with the sample still unsent
         drops it (CI saw the driver never get it). Up to ``SHUTDOWN_ACK_TIMEOUT`` s for every subscriber's ack; the
-        driver's own watchdog remains the backstop when none comes.
+        driver's command_timeout remains the backstop when none comes.
         """
         if not self.armed:
             return
         self._publish_zero()
         if not self.command_pub.wait_for_all_acked(Duration(seconds=SHUTDOWN_ACK_TIMEOUT)):
             self.get_logger().warning(f"the zero command on the way out was not acknowledged within "
-                                      f"{SHUTDOWN_ACK_TIMEOUT} s; the driver's watchdog stops the motors")
+                                      f"{SHUTDOWN_ACK_TIMEOUT} s; the driver zeroes the torque at its command_timeout")
 
 
 def main(args: list[str] | None = None) -> int:

@@ -190,7 +190,7 @@ def test_shutdown_when_armed_publishes_a_zero_command():
 def test_shutdown_holds_the_zero_command_until_acknowledged_and_survives_no_acknowledgement():
     """The process exits right after on_shutdown, and a reliable writer destroyed with its sample unsent drops it
     (CI: 1 run in ~10 under load lost the zero command). So on_shutdown waits for the subscribers' acks, bounded by
-    SHUTDOWN_ACK_TIMEOUT; with no ack it returns all the same (the driver's watchdog is the backstop)."""
+    SHUTDOWN_ACK_TIMEOUT; with no ack it returns all the same (the driver's command_timeout is the backstop)."""
     with rig() as r:
         controller, peer = connected(r, arm_on_start=True)
         waits = []
