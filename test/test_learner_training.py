@@ -90,6 +90,7 @@ def _train_to_the_end(out: Path, *extra: str) -> None:
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
 
 
+@pytest.mark.timeout(400)   # three training processes: 88 s on an idle 2-core machine, over 120 s on a loaded one
 def test_sigkill_during_optimisation_then_resume_equals_uninterrupted_run(tmp_path):
     """SIGKILL ``mcpilco train`` in trial 2's optimisation (post-disturbance pool, evaluation seeds and
     ``parallel: processes`` on), ``--resume`` in a fresh process: every trial's files equal those of an

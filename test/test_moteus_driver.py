@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mcpilco_core.hardware.config import DriverConfig, TransportConfig, load_driver_config
-from mcpilco_core.hardware.driver import DriverRunner, MissingControllerError, MoteusDriver
+from mcpilco_core.hardware.driver import DriverRunner, DriverSample, MissingControllerError, MoteusDriver
 from mcpilco_core.hardware.emulator import EmulatedBus, VirtualCanEmulator, robot_bus
 from mcpilco_core.hardware.safety import SafetyState
 from mcpilco_core.plant import DoublePendulum
@@ -25,13 +25,15 @@ CONFIG = Path(__file__).resolve().parents[1] / "config"
 
 def virtual_config(robot: str = "pendubot", can_timeout: float = 0.2, max_timeouts: int = 10,
                    **changes: object) -> DriverConfig:
-    """The shipped config on a fresh virtual channel. Generous CAN and watchdog timeouts by default: the test
-    machine's two cores are shared, and a scheduling stall must not trip the paths other tests are about;
-    the timeout tests set tight values themselves."""
+    """The shipped config on a fresh virtual channel. Generous CAN, watchdog and command timeouts by default: the
+    test machine's two cores are shared, and a scheduling stall must not trip the paths other tests are about (a
+    command set once went stale before the driver's thread ran under load, so a test waiting for it to act timed
+    out); the timeout tests set tight values themselves."""
     config = load_driver_config(CONFIG / f"moteus_driver_{robot}.yaml")
     transport = TransportConfig(kind="pythoncan", interface="virtual", channel=f"test-{uuid.uuid4().hex}",
                                 can_timeout=can_timeout, max_consecutive_timeouts=max_timeouts)
     changes.setdefault("watchdog_timeout", 0.5)
+    changes.setdefault("command_timeout", 1.0)
     return dataclasses.replace(config, transport=transport, **changes)
 
 
@@ -182,21 +184,27 @@ def test_stale_commands_give_zero_torque_and_resume(make_rig: Callable[..., Rig]
 
 
 def test_firmware_watchdog_stops_the_motor_when_the_driver_dies() -> None:
-    config = virtual_config(watchdog_timeout=0.05)
+    """The driver sends the watchdog timeout with every command; when its process dies mid-run (no stop sent), the
+    moteus itself enters mode 11 and stops. What the driver last saw and sent is checked from its own last sample and
+    the controller's registers, not from a state read after the death (under load the watchdog may already have
+    tripped by then)."""
+    config = virtual_config(watchdog_timeout=0.2)
     bus = robot_bus(config)
     with VirtualCanEmulator(bus, config.transport.channel):
         driver = MoteusDriver(config)
 
-        async def run_then_die() -> None:
+        async def run_then_die() -> DriverSample:
             await driver.start()
-            driver.set_command((2.0, 0.0))
             for _ in range(20):
-                await driver.cycle()          # no shutdown: the process "dies" here
+                driver.set_command((2.0, 0.0))
+                sample = await driver.cycle()
+            return sample                     # no shutdown: the process "dies" here
 
-        asyncio.run(run_then_die())
+        last = asyncio.run(run_then_die())
         motor = bus.motor(1)
-        assert motor.mode == 10 and motor.torque == pytest.approx(2.0)
-        wait_for(lambda: motor.mode == 11, timeout=1.0)
+        assert last.fresh and last.decision.torques[0] == 2.0 and last.motors[0].mode == 10
+        assert motor.commands[0x022] == pytest.approx(2.0) and motor.commands[0x027] == pytest.approx(0.2)
+        wait_for(lambda: motor.mode == 11, timeout=2.0)
         assert motor.torque == 0.0            # damped stop at zero velocity
 
 
