@@ -189,8 +189,9 @@ def test_shutdown_when_armed_publishes_a_zero_command():
 
 def test_shutdown_holds_the_zero_command_until_acknowledged_and_survives_no_acknowledgement():
     """The process exits right after on_shutdown, and a reliable writer destroyed with its sample unsent drops it
-    (CI: 1 run in ~10 under load lost the zero command). So on_shutdown waits for the subscribers' acks, bounded by
-    SHUTDOWN_ACK_TIMEOUT; with no ack it returns all the same (the driver's command_timeout is the backstop)."""
+    (CI lost the zero command once; here 2 runs in 10 under load). So on_shutdown waits for the subscribers' acks,
+    bounded by SHUTDOWN_ACK_TIMEOUT; with no ack it returns all the same (the driver's command_timeout is the
+    backstop)."""
     with rig() as r:
         controller, peer = connected(r, arm_on_start=True)
         waits = []
@@ -205,8 +206,9 @@ def test_shutdown_holds_the_zero_command_until_acknowledged_and_survives_no_ackn
         wait_for(lambda: any(m.header.frame_id == "safe" for m in peer.received), timeout=2.0, what="the zero command")
         controller._arm(False)
         waits.clear()
+        published = controller.commands_published
         controller.on_shutdown()     # disarmed: nothing to publish, nothing to wait for
-        assert waits == []
+        assert waits == [] and controller.commands_published == published
 
 
 def test_reload_policy_swaps_a_good_file_and_keeps_the_old_one_on_a_bad_file(tmp_path):
