@@ -2,6 +2,7 @@
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from mcpilco_core.learning.cost import CostSettings, saturated_cost, trajectory_
 from mcpilco_core.learning.gp import GPHyperparameters, GPSettings, build_posterior
 from mcpilco_core.learning.learner import (
     ExplorationController,
+    Learner,
     curriculum_gamma,
     initial_distribution,
     load_train_config,
@@ -323,6 +325,46 @@ def test_bfloat16_backward_gives_close_gradients():
         grads[precision] = torch.cat([g.flatten() for g in torch.autograd.grad(cost, list(policy.parameters()))])
     rel = (grads["float32"] - grads["bfloat16"]).norm() / grads["float32"].norm()
     assert float(rel) < 0.05
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_backward_precision_is_bfloat16_only_where_the_cpu_multiplies_it_natively(tmp_path, monkeypatch, native):
+    """Emulated bfloat16 matmuls made the acrobot's steps 3.5x slower on an AVX2-only CPU: auto must avoid them."""
+    from mcpilco_core.learning import gp as gp_module
+    from mcpilco_core.learning.runs import backward_precision_note
+
+    monkeypatch.setattr(gp_module, "native_bfloat16_matmul", lambda: native)
+    monkeypatch.setattr("mcpilco_core.learning.runs.native_bfloat16_matmul", lambda: native)
+    path = tmp_path / "train.yaml"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\n")
+    config = load_train_config(path)
+    assert config.backward_matmul == "auto"                       # the default
+    assert config.backward_precision == ("bfloat16" if native else "float32")
+    assert config.to_dict()["backward_matmul_as_run"] == config.backward_precision
+    assert "WARNING" not in backward_precision_note(config)
+    forced = replace(config, backward_matmul="bfloat16")
+    assert forced.backward_precision == "bfloat16"                 # an explicit setting is kept ...
+    assert ("WARNING" in backward_precision_note(forced)) is (not native)   # ... and warned about where it is slow
+    assert replace(config, backward_matmul="float32").backward_precision == "float32"
+    assert replace(config, dtype="float64", backward_matmul="bfloat16").backward_precision == "float32"
+    path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\nbackward_matmul: bf16\n")
+    with pytest.raises(ConfigError, match=r"field 'backward_matmul'"):
+        load_train_config(path)
+
+
+def test_the_learner_sets_the_resolved_backward_precision_on_its_posterior(tmp_path, monkeypatch):
+    from mcpilco_core.learning import gp as gp_module
+
+    monkeypatch.setattr(gp_module, "native_bfloat16_matmul", lambda: False)
+    path = tmp_path / "train.yaml"
+    path.write_text(f"base: {CONFIG / 'train_tiny.yaml'}\nbackward_matmul: auto\n")
+    learner = Learner(load_train_config(path))
+    learner.exploration_trial()
+    learner.learning_trial(1)
+    assert learner.model.posterior.fast().backward_matrix.dtype == torch.float32
+    monkeypatch.setattr(gp_module, "native_bfloat16_matmul", lambda: True)
+    learner.learning_trial(2)
+    assert learner.model.posterior.fast().backward_matrix.dtype == torch.bfloat16
 
 
 def test_non_finite_particles_are_reported():

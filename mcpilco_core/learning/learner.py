@@ -44,7 +44,7 @@ from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
 from .compile import fresh_compilation
 from .cost import CostSettings, trial_cost, with_height_term
-from .gp import PRIOR_INTEGRATORS, GPSettings
+from .gp import BACKWARD_PRECISIONS, PRIOR_INTEGRATORS, GPSettings, resolve_backward_precision
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
 from .optimizer import POLISH_POOLS, OptimizationResult, OptimizerSettings, PolishSettings, optimize_policy
@@ -90,7 +90,7 @@ class TrainConfig:
     threads: int = 2
     parallel: str = "ops"            # how the threads are used: "ops" (intra-op) | "particles" | "processes"
     dtype: str = "float32"
-    backward_matmul: str = "bfloat16"
+    backward_matmul: str = "auto"           # "auto": bfloat16 where the CPU has native bfloat16 matmuls, else float32
     rollout: str = "fused"
     trials: int = 20
     exploration_duration: float = 3.0
@@ -135,11 +135,17 @@ class TrainConfig:
         return int(round(self.horizon / self.robot.policy_period))
 
     @property
+    def backward_precision(self) -> str:
+        """The backward matmul's precision as this machine runs it (``backward_matmul`` with ``auto`` resolved)."""
+        return resolve_backward_precision(self.backward_matmul, self.dtype)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return torch.float32 if self.dtype == "float32" else torch.float64
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data["backward_matmul_as_run"] = self.backward_precision
         data["robot"] = {"robot": self.robot.robot, "source": self.robot.source,
                          "fingerprint": self.robot.fingerprint(),
                          "friction_compensation": self.robot.friction_compensation.enabled}
@@ -251,7 +257,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
         device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
         parallel=r.string("parallel", d.parallel, choices=list(PARALLEL_MODES)),
         dtype=r.string("dtype", d.dtype, choices=["float32", "float64"]),
-        backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=["float32", "bfloat16"]),
+        backward_matmul=r.string("backward_matmul", d.backward_matmul, choices=list(BACKWARD_PRECISIONS)),
         rollout=r.string("rollout", d.rollout, choices=list(ROLLOUT_MODES)),
         trials=r.integer("trials", d.trials, minimum=1),
         exploration_duration=ex.number("duration", d.exploration_duration, positive=True),
@@ -783,7 +789,7 @@ class Learner:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         self.model.fit(self.data, rng, cfg.device, cfg.torch_dtype)
-        self.model.posterior.set_backward_precision(cfg.backward_matmul if cfg.dtype == "float32" else "float32")
+        self.model.posterior.set_backward_precision(cfg.backward_precision)
         timings["model_fit"] = time.perf_counter() - start
         if cfg.gp.identify_robot:
             start = time.perf_counter()

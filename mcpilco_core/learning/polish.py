@@ -113,7 +113,7 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
     LOG.info("polish: refitting the model at %g s on %d transitions (the run's trials, cut at the new period)",
              period, len(data))
     model.fit(data, np.random.default_rng([config.seed, POLISH_STREAM, 1]), config.device, config.torch_dtype)
-    model.posterior.set_backward_precision(config.backward_matmul if config.dtype == "float32" else "float32")
+    model.posterior.set_backward_precision(config.backward_precision)
     model.robot = source.model.robot
     return replace(source, config=config, model=model,
                    model_from=f"{source.model_from}'s trials, refitted at {period:g} s")

@@ -38,6 +38,7 @@ from .. import __version__
 from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
 from ..policy import load_policy, save_policy
 from ..simulation import Trajectory
+from .gp import native_bfloat16_matmul
 from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_train_mapping, resolved_train_mapping
 from .optimizer import OptimizationResult
 
@@ -365,6 +366,16 @@ def _differences(before, now, skip: tuple[str, ...] = (), prefix: str = "", limi
     return ", ".join(out[:limit]) + (f", ... ({len(out)} in all)" if len(out) > limit else "")
 
 
+def backward_precision_note(config: TrainConfig) -> str:
+    """One log line: the backward matmul's precision on this machine, and a warning where bfloat16 is emulated."""
+    precision = config.backward_precision
+    note = f"backward matmul in {precision} (backward_matmul: {config.backward_matmul})"
+    if precision == "bfloat16" and not native_bfloat16_matmul():
+        note += ("; WARNING: this CPU has no native bfloat16 matmul, so every optimisation step runs several times "
+                 "slower than in float32 (backward_matmul: auto picks float32 here)")
+    return note
+
+
 def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[TrialRecord]:
     """Run (or continue) the trials of ``config`` in the run directory ``out``; returns every trial's record."""
     run = RunDirectory(out)
@@ -388,6 +399,7 @@ def train(config: TrainConfig, out: str | Path, resume: bool = False) -> list[Tr
     else:
         learner.pool = initial_pool
         run.log(f"run {meta['run_id']}: {config.robot.robot}, {config.trials} trials, config {config.source}")
+    run.log(backward_precision_note(config))
     bar = tqdm(range(len(records), config.trials), desc="trials", disable=not config.progress, unit="trial",
                initial=len(records), total=config.trials)
     for k in bar:
