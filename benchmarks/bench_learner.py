@@ -36,7 +36,13 @@ sys.path.insert(0, str(REPO))
 
 from mcpilco_core.config import load_robot_config  # noqa: E402
 from mcpilco_core.learning.cost import CostSettings, trajectory_cost  # noqa: E402
-from mcpilco_core.learning.gp import GPHyperparameters, GPSettings, build_posterior  # noqa: E402
+from mcpilco_core.learning.gp import (  # noqa: E402
+    BACKWARD_PRECISIONS,
+    GPHyperparameters,
+    GPSettings,
+    build_posterior,
+    resolve_backward_precision,
+)
 from mcpilco_core.learning.model import DynamicsModel, particle_noise, rollout  # noqa: E402
 from mcpilco_core.learning.parallel import ParticleProcesses, ParticleThreads  # noqa: E402
 from mcpilco_core.learning.torch_policy import TorchPolicy  # noqa: E402
@@ -208,7 +214,9 @@ def main() -> None:
     parser.add_argument("--gp-sizes", type=int, nargs="+", default=[100, 300, 600])
     parser.add_argument("--modes", nargs="+", default=["reference", "fused"],
                         help="rollout modes, interleaved; ratios are relative to the first; M+delay: delay-aware")
-    parser.add_argument("--backward", default="bfloat16", help="backward matmul precision (bfloat16 | float32)")
+    parser.add_argument("--backward", default="auto", choices=list(BACKWARD_PRECISIONS),
+                        help="backward matmul precision; auto = the training default (bfloat16 where the CPU "
+                             "multiplies it natively, else float32)")
     parser.add_argument("--rss", action="store_true", help="peak RSS of each mode in a process of its own")
     parser.add_argument("--horizon", type=int, default=150, help="rollout steps (150 = 3 s at 50 Hz)")
     parser.add_argument("--steps", type=int, default=5, help="timed optimisation steps per point")
@@ -216,6 +224,7 @@ def main() -> None:
     parser.add_argument("--grid-only", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    args.backward = resolve_backward_precision(args.backward, "float32")
     if args.profile:
         torch.set_num_threads(args.threads)
         profile_steps(args.profile[0], args.profile[1], args.horizon, args.backward, args.modes, 25)
