@@ -334,7 +334,6 @@ def test_auto_backward_precision_is_bfloat16_only_where_the_cpu_multiplies_it_na
     from mcpilco_core.learning.runs import backward_precision_note
 
     monkeypatch.setattr(gp_module, "native_bfloat16_matmul", lambda: native)
-    monkeypatch.setattr("mcpilco_core.learning.runs.native_bfloat16_matmul", lambda: native)
     path = tmp_path / "train.yaml"
     path.write_text(f"robot_config: {CONFIG / 'pendubot.yaml'}\n")
     config = load_train_config(path)

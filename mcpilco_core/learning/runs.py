@@ -38,7 +38,7 @@ from .. import __version__
 from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
 from ..policy import load_policy, save_policy
 from ..simulation import Trajectory
-from .gp import native_bfloat16_matmul
+from . import gp
 from .learner import Learner, TrainConfig, TrialRecord, load_train_config, read_train_mapping, resolved_train_mapping
 from .optimizer import OptimizationResult
 
@@ -370,7 +370,7 @@ def backward_precision_note(config: TrainConfig) -> str:
     """One log line: the backward matmul's precision on this machine, and a warning where bfloat16 is emulated."""
     precision = config.backward_precision
     note = f"backward matmul in {precision} (backward_matmul: {config.backward_matmul})"
-    if precision == "bfloat16" and not native_bfloat16_matmul():
+    if precision == "bfloat16" and not gp.native_bfloat16_matmul():
         note += ("; WARNING: this CPU has no native bfloat16 matmul, so every optimisation step runs several times "
                  "slower than in float32 (backward_matmul: auto picks float32 here)")
     return note
