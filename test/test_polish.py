@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from dataclasses import fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -56,7 +58,7 @@ def scripted_judge(monkeypatch, scores: list[float]) -> list[np.ndarray]:
     shown, in order (each round's start is judged first)."""
     answers, judged = iter(scores), []
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         def judge(policy):
             judged.append(policy.weights.detach().clone().numpy())
             return next(answers)
@@ -81,17 +83,22 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"retries": -1}, "polish.retries"), ({"robot_config": 3}, "polish.robot_config"),
                        ({"add_basis": -1}, "polish.add_basis"), ({"judge_seeds": -2}, "polish.judge_seeds"),
                        ({"confirm_seeds": -1}, "polish.confirm_seeds"), ({"first_round": 0}, "polish.first_round"),
-                       ({"judge_processes": -1}, "polish.judge_processes")):
+                       ({"judge_processes": -1}, "polish.judge_processes"),
+                       ({"velocity_lengthscale": -6.0}, "polish.velocity_lengthscale"),
+                       ({"judge_profile": 3}, "polish.judge_profile")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
     with pytest.raises(ValueError, match="learning rate"):
         PolishSettings(lr=float("nan"))
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="velocity_lengthscale"):
+            PolishSettings(velocity_lengthscale=bad)
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
              "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16, "first_round": 9,
-             "judge_processes": 2}
+             "judge_processes": 2, "velocity_lengthscale": 6.0, "judge_profile": "hardware_proxy"}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -124,7 +131,7 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
                                   "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0, "first_round": 1,
-                                  "judge_processes": 0}
+                                  "judge_processes": 0, "velocity_lengthscale": 0.0, "judge_profile": ""}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -146,7 +153,7 @@ def test_the_judge_keeps_the_best_snapshot_and_gives_back_the_start_when_nothing
     built: list[tuple] = []
     scores = {"start": [0.5, 0.2, 0.3, 0.4], "middle": [0.1, 0.2, 0.6, 0.3], "end": [0.1, 0.2, 0.3, 0.4]}[best]
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         built.append((tuple(seeds), seconds, processes))
 
         def judge(policy):
@@ -250,6 +257,76 @@ def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run,
     assert cli.main(["polish", str(run), "--height-weight", "-1"]) == 2
 
 
+def test_the_velocity_term_of_the_polish_cost_is_the_trainings_unless_named(run, tmp_path, monkeypatch):
+    """polish.velocity_lengthscale / --velocity-lengthscale (rad/s): the cost's velocity term for both joints, the
+    rest of the cost the training's; 0 leaves it as it is; negative: a clear error, nothing written."""
+    source = load_source(run)
+    assert polish_module.polish_cost(source.config, PolishSettings(velocity_lengthscale=0.0)) == source.config.cost
+    cost = polish_module.polish_cost(source.config, PolishSettings(velocity_lengthscale=6.0, height_weight=1.0))
+    assert cost.velocity_lengthscales == (6.0, 6.0) and cost.height_weight == 1.0
+    assert cost.lengthscales == source.config.cost.lengthscales
+    states = torch.tensor([[math.pi, 0.0, 4.0, 0.0]], dtype=torch.float64)      # upright, the shoulder at 4 rad/s
+    steep, plain = (trajectory_cost(states[None], polish_module.polish_cost(source.config, PolishSettings(
+        velocity_lengthscale=lv))) for lv in (6.0, 24.0))
+    assert float(steep) > float(plain)                                  # passing the top fast costs more
+    used: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(*args, **kwargs):
+        used.append(args[5])
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--velocity-lengthscale", "6",
+                     "--out", str(tmp_path / "v")]) == 0
+    assert used[-1].velocity_lengthscales == (6.0, 6.0)
+    assert json.loads((tmp_path / "v" / "polish.json").read_text())["settings"]["velocity_lengthscale"] == 6.0
+    assert cli.main(["polish", str(run), "--velocity-lengthscale", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_judge_runs_on_the_named_profile_instead_of_the_learners_own_robot(run, tmp_path, monkeypatch, capsys):
+    """polish.judge_profile / --judge-profile: the snapshot judge, the confirming seeds and the "judge" pool run on
+    that robot profile (e.g. a design robot), with the polish's robot config as the controller; '' = the learner's
+    own robot (protocol.on_model); a profile that does not load: a clear error, nothing written."""
+    from mcpilco_core.learning import protocol as protocol_module
+
+    source = load_source(run)
+    profiles: list = []
+    scores = protocol_module.protocol_scores
+
+    def record(config, policy, robot, seeds, seconds, profile, processes=1):
+        profiles.append((robot, profile))
+        return scores(config, policy, robot, seeds, seconds, profile, processes)
+
+    monkeypatch.setattr(protocol_module, "protocol_scores", record)
+    pools: list = []
+    post = learner.post_disturbance_states
+
+    def record_pool(controller, robot, seeds, profile=None):
+        pools.append((robot, profile))
+        return post(controller, robot, seeds, profile=profile)
+
+    monkeypatch.setattr(learner, "post_disturbance_states", record_pool)
+    design = str(REPO / "config" / "design_robots" / "pendubot_exploration_identified.yaml")
+    settings = PolishSettings(steps=4, lr=0.01, particles=8, snapshot_every=2, pool="judge", judge_profile=design,
+                              confirm_seeds=2)
+    result = polish(source, settings, tmp_path / "p", progress=False)
+    polish_module.confirm_round(source, settings, 1, SimpleNamespace(kept_step=2, policy_file=result.policy_file))
+    assert len(profiles) == 3 + 2 and all(p == design and r == source.config.robot for r, p in profiles)
+    assert pools == [(source.config.robot, design)]
+    assert json.loads((tmp_path / "p" / "polish.json").read_text())["settings"]["judge_profile"] == design
+    profiles.clear()
+    own_robot, own_profile = protocol_module.on_model(source.config, source.model)
+    polish(source, replace(settings, judge_profile=""), tmp_path / "q", progress=False)
+    assert len(profiles) == 3 and all(p == own_profile and r == own_robot for r, p in profiles)  # as before
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--judge-profile", design,
+                     "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "polish.json").read_text())["settings"]["judge_profile"] == design
+    assert cli.main(["polish", str(run), "--judge-profile", "no_such_robot", "--out", str(tmp_path / "bad")]) == 2
+    assert "judge_profile" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_the_horizon_of_the_polish_is_the_trainings_unless_named(run, tmp_path, monkeypatch, capsys):
     """polish.horizon / --horizon (s): the particles' rollout length; 0 keeps the training horizon. Shorter than one
     policy period, negative or not finite: a clear error, nothing written."""
@@ -292,7 +369,7 @@ def test_several_candidates_are_polished_and_the_best_judged_is_kept(run, tmp_pa
     assert len(polish_module.candidate_policies(chosen, 10)) == 3                # as many as were ranked
     scores = iter([0.1, 0.2, 0.15, 0.3, 0.5, 0.4])                               # candidate 1 wins at step 2
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         return lambda policy: next(scores)
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
@@ -547,7 +624,7 @@ def test_each_round_may_be_judged_on_new_seeds_with_its_start_judged_again(run, 
     calls: list[tuple[int, ...]] = []
     scores = iter([0.1, 0.4, 0.2, 0.3, 0.35, 0.31, 0.3, 0.302, 0.3])   # per round: start, step 2, step 4
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         calls.append(tuple(seeds))
         return lambda policy: next(scores)
 
@@ -593,7 +670,7 @@ def test_a_round_may_be_kept_only_when_it_gains_on_seeds_it_was_not_picked_on(ru
 
     processes: list[int] = []
 
-    def fake_judge(config, model, seeds, seconds, judge_processes=1):
+    def fake_judge(config, model, seeds, seconds, judge_processes=1, profile=""):
         calls.append(tuple(seeds))
         processes.append(judge_processes)
         return lambda policy: (seen.append(policy.weights.detach().numpy().copy()), next(scores))[1]
@@ -641,7 +718,7 @@ def test_a_continued_polish_numbers_its_rounds_on_and_judges_on_seeds_not_used_y
 
     calls: list[tuple[int, ...]] = []
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         calls.append(tuple(seeds))
         return lambda policy: 0.5          # nothing gains: one round, then the stop
 
@@ -711,15 +788,15 @@ def test_the_polish_can_judge_with_the_controller_the_policy_will_run_in(run, tm
 
     seen: dict[str, list] = {"judge": [], "pool": []}
 
-    def fake_judge(config, model, seeds, seconds, processes=1):
+    def fake_judge(config, model, seeds, seconds, processes=1, profile=""):
         seen["judge"].append(config.robot)
         return lambda policy: 0.5
 
     pool = polish_module.policy_pool
 
-    def record_pool(config, policy, model=None):
+    def record_pool(config, policy, model=None, judge_profile=""):
         seen["pool"].append(config.robot)
-        return pool(config, policy, model)
+        return pool(config, policy, model, judge_profile)
 
     monkeypatch.setattr(polish_module, "protocol_judge", fake_judge)
     monkeypatch.setattr(polish_module, "policy_pool", record_pool)

@@ -140,6 +140,12 @@ def register(subparsers) -> None:
     p.add_argument("--judge-processes", type=int, default=None,
                    help="run the judge's protocol seeds in this many worker processes (the same scores in less wall "
                         "time; default: the run's optimizer.judge_processes)")
+    p.add_argument("--velocity-lengthscale", type=float, default=None,
+                   help="rad/s, the cost's velocity term for the polish, both joints (default: the training cost's; "
+                        "smaller: passing the top fast costs more)")
+    p.add_argument("--judge-profile", default=None,
+                   help="robot profile the judge, the confirming seeds and --pool judge run on (a name or a profile "
+                        "file, e.g. a design robot from mcpilco identify --write; default: the learner's own robot)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -355,7 +361,8 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  pool=args.pool, retries=args.retries, robot_config=args.robot_config,
                                  add_basis=args.add_basis, judge_seeds=args.judge_seeds,
                                  confirm_seeds=args.confirm_seeds, first_round=args.first_round,
-                                 judge_processes=args.judge_processes)
+                                 judge_processes=args.judge_processes,
+                                 velocity_lengthscale=args.velocity_lengthscale, judge_profile=args.judge_profile)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         out = args.out or args.run / "polish"
@@ -383,6 +390,8 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", {settings.add_basis} basis functions added" if settings.add_basis else "")
           + (f", judged on {settings.judge_seeds} new seeds each round" if settings.judge_seeds else "")
           + (f", each round's gain confirmed on {settings.confirm_seeds} other seeds" if settings.confirm_seeds else "")
+          + (f", velocity term {settings.velocity_lengthscale:g} rad/s" if settings.velocity_lengthscale > 0 else "")
+          + (f", the judge on robot profile {settings.judge_profile}" if settings.judge_profile else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))

@@ -418,7 +418,10 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           judge_seeds=r.integer("judge_seeds", d.judge_seeds, minimum=0),
                           confirm_seeds=r.integer("confirm_seeds", d.confirm_seeds, minimum=0),
                           first_round=r.integer("first_round", d.first_round, minimum=1),
-                          judge_processes=r.integer("judge_processes", d.judge_processes, minimum=0))
+                          judge_processes=r.integer("judge_processes", d.judge_processes, minimum=0),
+                          velocity_lengthscale=r.number("velocity_lengthscale", d.velocity_lengthscale,
+                                                        nonnegative=True),
+                          judge_profile=r.string("judge_profile", d.judge_profile))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -163,6 +163,14 @@ class PolishSettings:
     already run + 1 judges and confirms on seeds the earlier rounds did not use; from 1 again it would re-use them
     with other policies. judge_processes: the worker processes of the judge's and the confirming seeds' protocol runs
     (0: the training's ``optimizer.judge_processes``; the same scores either way).
+    velocity_lengthscale (rad/s): the cost's velocity term for the polish, lv for both joints (0: the training
+    cost's). Why: the nominal acrobot polished once with 6 in place of 12 (passing the top fast costs more) is the
+    best single policy on the proxy's sliding shoulder (0.51 alone, every policy learnt there 0.39-0.43).
+    judge_profile: the robot profile the judge, the confirming seeds and the "judge" pool run on (a name of
+    config/robot_profiles.yaml or a profile file, e.g. a design robot written by ``mcpilco identify --write``;
+    '' = the learner's own robot, :func:`protocol.on_model`), with the polish's robot config as the controller.
+    Why: a policy polished on the prior's model (free) for a robot with friction is best picked on that robot's
+    design robot; the prior's judge keeps what suits the prior.
     No dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
@@ -192,8 +200,13 @@ class PolishSettings:
     confirm_seeds: int = 0
     first_round: int = 1
     judge_processes: int = 0
+    velocity_lengthscale: float = 0.0
+    judge_profile: str = ""
 
     def __post_init__(self) -> None:
+        if not self.velocity_lengthscale >= 0.0 or math.isinf(self.velocity_lengthscale):
+            raise ValueError(f"polish: velocity_lengthscale must be a finite number >= 0 (rad/s; 0: the training "
+                             f"cost's), got {self.velocity_lengthscale}")
         if self.first_round < 1:
             raise ValueError(f"polish: first_round must be >= 1 (rounds count from 1), got {self.first_round}")
         if self.judge_processes < 0:

@@ -184,7 +184,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1 if config.parallel != "ops" else config.threads)
     pool = (source.pool if settings.pool == "run" else
-            policy_pool(config, numpy_policy, source.model if settings.pool == "judge" else None))
+            policy_pool(config, numpy_policy, source.model if settings.pool == "judge" else None,
+                        settings.judge_profile))
     sequence = np.random.SeedSequence([config.seed, POLISH_STREAM, settings.seed])
     added_from = None
     if settings.add_basis > 0:
@@ -196,7 +197,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     generator = torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
     optimizer = settings.optimizer(config.optimizer, settings.first_round if round_index is None else round_index)
     judge = (protocol_judge(config, source.model, optimizer.snapshot_seeds, optimizer.snapshot_seconds,
-                            optimizer.judge_processes) if settings.snapshot_every > 0 else None)
+                            optimizer.judge_processes, settings.judge_profile)
+             if settings.snapshot_every > 0 else None)
     cost = polish_cost(config, settings)
     horizon_steps = int(round(polish_horizon(config, settings) / config.robot.policy_period))
     start = time.perf_counter()
@@ -343,7 +345,7 @@ def confirm_round(source: PolishSource, settings: PolishSettings, round_index: i
         return {"confirm_seeds": list(seeds), "confirm_start": None, "confirm_kept": None}
     config = polish_config(source.config, settings)
     judge = protocol_judge(config, source.model, seeds, config.optimizer.snapshot_seconds,
-                           settings.judge_processes_for(config.optimizer))
+                           settings.judge_processes_for(config.optimizer), settings.judge_profile)
     start, kept = (judge(_judged_policy(config, settings, file)) for file in (source.policy_file, result.policy_file))
     return {"confirm_seeds": list(seeds), "confirm_start": start, "confirm_kept": kept}
 
@@ -380,12 +382,12 @@ def with_added_basis(policy, states: np.ndarray, count: int, rng: np.random.Gene
                    weights=np.concatenate([policy.weights, np.zeros(count)]))
 
 
-def policy_pool(config, numpy_policy, model: DynamicsModel | None = None) -> np.ndarray:
+def policy_pool(config, numpy_policy, model: DynamicsModel | None = None, judge_profile: str = "") -> np.ndarray:
     """The states (M, 4) ``numpy_policy`` meets right after each of the protocol's disturbances, with the
     controller of ``config`` around it (the band's LQR, damping), on every pool seed
     (``initial_state.disturbance_seeds``): the hand-overs as the protocol produces them for this policy. Simulated
     on the prior's plant as the trials' own pool is (``config.model_robot``), or with ``model`` on the robot the
-    judge runs on (:func:`protocol.on_model`). No robot time."""
+    judge runs on (:func:`protocol.on_model`, or ``judge_profile`` when named). No robot time."""
     from ..control import build_controller
     from .learner import post_disturbance_states
     from .protocol import on_model
@@ -394,7 +396,10 @@ def policy_pool(config, numpy_policy, model: DynamicsModel | None = None) -> np.
     if not seeds:
         raise ValueError("polish: a policy pool needs initial_state.disturbance_seeds in the training config")
     policy = replace(numpy_policy, control_period=config.robot.policy_period)
-    robot, profile = (config.model_robot, None) if model is None else on_model(config, model)
+    if model is None:
+        robot, profile = config.model_robot, None
+    else:
+        robot, profile = (config.robot, judge_profile) if judge_profile else on_model(config, model)
     states, _ = post_disturbance_states(build_controller(config.robot, policy), robot, seeds, profile=profile)
     LOG.info("polish: %d post-disturbance starts from the policy's own protocol on %s (seeds %s)", len(states),
              "the prior's plant" if model is None else "the judge's robot", ", ".join(str(s) for s in seeds))
@@ -408,12 +413,25 @@ def polish_config(config, settings: PolishSettings):
     if settings.robot_config:      # the controller changes; the learner's prior plant (the pool's) does not
         config = replace(config, robot=_controller_config(config.robot, settings),
                          prior_plant=config.model_robot.plant)
+    if settings.judge_profile:
+        _check_judge_profile(settings.judge_profile)
     if settings.u_max <= 0:
         return config
     if settings.u_max > config.robot.torque_limit:
         raise ValueError(f"polish: u_max {settings.u_max} N m exceeds the torque limit "
                          f"{config.robot.torque_limit} N m")
     return replace(config, robot=replace(config.robot, u_max=max(config.robot.u_max, settings.u_max)))
+
+
+def _check_judge_profile(spec: str) -> None:
+    """Refuse a judge profile that does not load, before any work (its name, file and field in the message)."""
+    from ..config import ConfigError
+    from ..simulation import load_robot_profile
+
+    try:
+        load_robot_profile(spec)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise ValueError(f"polish: judge_profile: {exc}") from exc
 
 
 def _controller_config(robot, settings: PolishSettings):
@@ -446,8 +464,12 @@ def polish_horizon(config, settings: PolishSettings) -> float:
 
 def polish_cost(config, settings: PolishSettings) -> CostSettings:
     """The training cost, with the below-the-line term of ``settings.height_weight`` (the score's line of the
-    controller's own plant) when that is > 0."""
-    return with_height_term(config.cost, settings.height_weight, settings.height_scale, config.robot.plant.l)
+    controller's own plant) when that is > 0, and the velocity term's lengthscale ``settings.velocity_lengthscale``
+    (rad/s, both joints) when that is > 0."""
+    cost = config.cost
+    if settings.velocity_lengthscale > 0:
+        cost = replace(cost, velocity_lengthscales=(settings.velocity_lengthscale, settings.velocity_lengthscale))
+    return with_height_term(cost, settings.height_weight, settings.height_scale, config.robot.plant.l)
 
 
 def _plot(costs: np.ndarray, snapshots: list, kept: int, path: Path, title: str) -> Path:

@@ -38,15 +38,16 @@ def protocol_scores(config, policy, robot, seeds, seconds: float, profile: str, 
     return fractions_up(controller, robot, seeds, seconds, profile, processes)
 
 
-def protocol_judge(config, model: DynamicsModel, seeds, seconds: float, processes: int = 1):
+def protocol_judge(config, model: DynamicsModel, seeds, seconds: float, processes: int = 1, profile: str = ""):
     """A judge of torch policies (a callable policy -> score): the mean fraction of the time up over ``seeds`` x
     ``seconds`` (s) of the protocol simulated on :func:`on_model`'s robot, with the controller the policy will run in
     (its LQR and switching). A simulation of the model: no robot time. The optimiser's snapshot judge
     (``Learner.protocol_judge``) and ``mcpilco polish`` use it; ``processes`` (``optimizer.judge_processes``) > 1 runs
-    its seeds in parallel, with the same scores."""
+    its seeds in parallel, with the same scores. ``profile`` (a robot profile's name or file): run there instead,
+    with the run's robot config as the controller (``mcpilco polish --judge-profile``)."""
     import numpy as np
 
-    robot, profile = on_model(config, model)
+    robot, profile = (config.robot, profile) if profile else on_model(config, model)
 
     def judge(policy) -> float:
         runtime = policy.to_numpy(config.robot.robot, config.robot.policy_period)
