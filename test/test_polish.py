@@ -231,6 +231,19 @@ def test_cli_polishes_the_selected_policy_by_default_and_refuses_bad_input(run, 
     assert "acrobot" in capsys.readouterr().err
 
 
+def recorded_costs(monkeypatch) -> list:
+    """The cost settings each optimisation of the polish was given, in order (the optimiser runs as it would)."""
+    used: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(*args, **kwargs):
+        used.append(args[5])
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    return used
+
+
 def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run, tmp_path, monkeypatch):
     """polish.height_weight / --height-weight: the training cost plus the below-the-line term; 0 leaves it as it is."""
     source = load_source(run)
@@ -240,14 +253,7 @@ def test_the_height_term_joins_the_polish_cost_on_the_controllers_own_links(run,
     assert cost.height_weight == 2.0 and cost.height_scale == 0.05
     assert cost.link_lengths == (plant.l[0], plant.l[1]) and cost.height_line == pytest.approx(0.9 * sum(plant.l))
     assert cost.lengthscales == source.config.cost.lengthscales      # the rest is the training cost
-    used: list = []
-    optimize = polish_module.optimize_policy
-
-    def record(*args, **kwargs):
-        used.append(args[5])
-        return optimize(*args, **kwargs)
-
-    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    used = recorded_costs(monkeypatch)
     assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--height-weight", "2",
                      "--out", str(tmp_path / "h")]) == 0
     assert used[-1].height_weight == 2.0 and used[-1].height_line == pytest.approx(0.9 * sum(plant.l))
@@ -269,14 +275,7 @@ def test_the_velocity_term_of_the_polish_cost_is_the_trainings_unless_named(run,
     steep, plain = (trajectory_cost(states[None], polish_module.polish_cost(source.config, PolishSettings(
         velocity_lengthscale=lv))) for lv in (6.0, 24.0))
     assert float(steep) > float(plain)                                  # passing the top fast costs more
-    used: list = []
-    optimize = polish_module.optimize_policy
-
-    def record(*args, **kwargs):
-        used.append(args[5])
-        return optimize(*args, **kwargs)
-
-    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    used = recorded_costs(monkeypatch)
     assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--velocity-lengthscale", "6",
                      "--out", str(tmp_path / "v")]) == 0
     assert used[-1].velocity_lengthscales == (6.0, 6.0)
