@@ -396,10 +396,7 @@ def policy_pool(config, numpy_policy, model: DynamicsModel | None = None, judge_
     if not seeds:
         raise ValueError("polish: a policy pool needs initial_state.disturbance_seeds in the training config")
     policy = replace(numpy_policy, control_period=config.robot.policy_period)
-    if model is None:
-        robot, profile = config.model_robot, None
-    else:
-        robot, profile = (config.robot, judge_profile) if judge_profile else on_model(config, model)
+    robot, profile = (config.model_robot, None) if model is None else on_model(config, model, judge_profile)
     states, _ = post_disturbance_states(build_controller(config.robot, policy), robot, seeds, profile=profile)
     LOG.info("polish: %d post-disturbance starts from the policy's own protocol on %s (seeds %s)", len(states),
              "the prior's plant" if model is None else "the judge's robot", ", ".join(str(s) for s in seeds))

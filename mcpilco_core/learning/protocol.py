@@ -12,11 +12,15 @@ from ..policy import load_policy
 from .model import DynamicsModel
 
 
-def on_model(config, model: DynamicsModel):
+def on_model(config, model: DynamicsModel, profile: str = ""):
     """(robot config, robot profile) of the learner's own robot: the run's robot config with the model's plant.
     With ``gp.identify_robot`` (``model.robot``) that is the robot identified at the state rate -- its friction,
     rotor inertia, sensor delay, motor lag and noise (identified_robot.py); else the GP prior's plant (friction
-    and Ir from ``gp.identify``, or the user's prior) with ideal sensors and motors."""
+    and Ir from ``gp.identify``, or the user's prior) with ideal sensors and motors. ``profile`` (a robot profile's
+    name or file, ``mcpilco polish --judge-profile``): that robot instead, with the run's robot config as the
+    controller."""
+    if profile:
+        return config.robot, profile
     if model.robot is not None:
         return replace(config.robot, plant=model.robot.plant), model.robot.profile()
     return replace(config.robot, plant=model.config.plant), "nominal"
@@ -47,7 +51,7 @@ def protocol_judge(config, model: DynamicsModel, seeds, seconds: float, processe
     with the run's robot config as the controller (``mcpilco polish --judge-profile``)."""
     import numpy as np
 
-    robot, profile = (config.robot, profile) if profile else on_model(config, model)
+    robot, profile = on_model(config, model, profile)
 
     def judge(policy) -> float:
         runtime = policy.to_numpy(config.robot.robot, config.robot.policy_period)
