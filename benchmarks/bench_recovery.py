@@ -9,7 +9,9 @@ the disturbance cost below the line; which hand-over states fail.
 
 Prints a summary table (markdown) and the slowest / failed recoveries with their hand-over states; ``--plot`` draws
 the hand-over states coloured by the time to stay above the line, and the distributions of the times.
-Every 0.1 s saved per disturbance is worth 15 x 0.1 / 60 = 0.025 of score.
+Every 0.1 s saved per disturbance is worth 15 x 0.1 / 60 = 0.025 of score. The table also splits the first arrivals:
+the fraction whose first pass above the line came within the LQR's switching level (V < roa.enter_fraction rho, the
+true state), and the fraction that did and still fell back: the catch's loss, the rest of the misses the swing-up's.
 """
 
 from __future__ import annotations
@@ -23,20 +25,23 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import load_robot_config  # noqa: E402
+from mcpilco_core.control import load_controller  # noqa: E402
 from mcpilco_core.evaluation import (  # noqa: E402
     ControllerSpec,
     Recovery,
     config_path_for,
     disturbance_recoveries,
     evaluate_seeds,
+    roa_level,
     summarize_recoveries,
 )
 from mcpilco_core.plant import DoublePendulum  # noqa: E402
 
 
-def summary_row(label: str, scores: list[float], recoveries: list[Recovery]) -> str:
-    s = summarize_recoveries(recoveries)
+def summary_row(label: str, scores: list[float], recoveries: list[Recovery], enter_level: float | None = None) -> str:
+    s = summarize_recoveries(recoveries, enter_level)
     return (f"| {label} | {np.mean(scores):.3f} | {s['n']} | {s['caught']:.2f} | {s['caught_on_first_arrival']:.2f} | "
+            f"{s['first_pass_in_balance']:.2f} | {s['first_pass_lost_in_balance']:.2f} | "
             f"{s['passes']:.2f} | {s['time_to_line']:.2f} | {s['time_to_stay']:.2f} | {s['time_to_lqr']:.2f} | "
             f"{s['below_line']:.2f} |")
 
@@ -85,15 +90,19 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
     config_path = config_path_for(args.robot, args.config)
-    plant = DoublePendulum(load_robot_config(config_path).plant)
+    config = load_robot_config(config_path)
+    plant = DoublePendulum(config.plant)
+    balance = load_controller(config_path)              # the LQR and its rho, as the supervisor switches on them
+    level_of = roa_level(balance.design.S, balance.design.goal, balance.rho)
     results = evaluate_seeds(ControllerSpec(config_path, args.controller), args.seeds, jobs=args.jobs,
                              keep_trajectory=True, profile=args.robot_profile)
-    recoveries = [r for result in results for r in disturbance_recoveries(result, plant)]
+    recoveries = [r for result in results for r in disturbance_recoveries(result, plant, level_of)]
     label = f"{args.robot} / {Path(args.controller).name} / {args.robot_profile}"
-    print("| controller | score | disturbances | caught | caught on the first arrival | passes above the line "
+    print("| controller | score | disturbances | caught | caught on the first arrival | first arrival within the "
+          f"LQR's level ({config.roa.enter_fraction:g} rho) | ... and not caught on it | passes above the line "
           "(caught ones) | to line (s) | to caught (s) | to LQR (s) | below line per disturbance (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    print(summary_row(label, [r.score for r in results], recoveries))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(summary_row(label, [r.score for r in results], recoveries, config.roa.enter_fraction))
     slow = sorted(recoveries, key=lambda r: -np.inf if not r.caught else -r.time_to_stay)[:args.worst]
     print("\nslowest / failed recoveries (hand-over state q1, q2 wrapped; rad, rad/s):")
     for r in slow:

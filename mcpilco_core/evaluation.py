@@ -21,14 +21,14 @@ Faithful details (DESIGN.md section 5):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .config import RobotConfig, load_robot_config
-from .plant import DoublePendulum, wrap_angle
+from .plant import DoublePendulum, wrap_angle, wrap_state
 from .simulation import (
     MODE_CODES,
     MODE_NAMES,
@@ -414,7 +414,11 @@ class Recovery:
     ``time_to_lqr``: the balancing controller's mode from then on to the end; ``below_line``: seconds below the
     line in the stretch plus the window itself (what this disturbance cost the score); ``passes``: how many separate
     stretches above the line it has (1 and caught: caught on its first arrival; the pendubot's are, the acrobot goes
-    over the top and round once more).
+    over the top and round once more); ``first_pass_level``: the least V(x)/rho of the balancing controller over
+    the first pass above the line (NaN when not measured or never above): how close the first arrival came to the
+    balance, in the unit of the switching levels (``roa.enter_fraction``). An arrival that comes within the
+    enter level and is still not caught on that pass was lost by the catch; one that never comes within it, by the
+    swing-up.
     """
 
     seed: int
@@ -427,6 +431,7 @@ class Recovery:
     time_to_lqr: float
     below_line: float
     passes: int = 0
+    first_pass_level: float = float("nan")
 
     @property
     def caught(self) -> bool:
@@ -453,10 +458,23 @@ def _stretches(flags: np.ndarray) -> int:
     return int(flags[0]) + int(np.count_nonzero(flags[1:] & ~flags[:-1]))
 
 
-def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> list[Recovery]:
+def _first_pass(flags: np.ndarray) -> slice | None:
+    """The samples of the first run of true in ``flags`` (None when there is none)."""
+    true = np.flatnonzero(flags)
+    if not true.size:
+        return None
+    start = int(true[0])
+    after = np.flatnonzero(~flags[start:])
+    return slice(start, start + int(after[0]) if after.size else flags.size)
+
+
+def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum,
+                           level_of: Callable[[np.ndarray], np.ndarray] | None = None) -> list[Recovery]:
     """Split a kept trajectory at its reset windows and measure each recovery (see :class:`Recovery`).
 
     The score line and the intervals follow the protocol's own count (an interval counts by its first state).
+    ``level_of`` maps true states (n, 4) to the balancing controller's V/rho (:func:`roa_level`); without it
+    ``first_pass_level`` stays NaN.
     """
     traj = result.trajectory
     if traj is None:
@@ -471,19 +489,40 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum) -> l
         stop = bounds[i + 1][0] if i + 1 < len(bounds) else n
         up, balanced = above[end:stop], lqr[end:stop]
         first = np.flatnonzero(up)
+        first_pass = _first_pass(up)
+        closest = float("nan")
+        if level_of is not None and first_pass is not None:
+            closest = float(np.min(level_of(traj.x[end:stop][first_pass])))
         x0 = traj.x[end]
         out.append(Recovery(
             seed=result.seed, index=i, handover_time=end * dt,
             handover_state=(float(wrap_angle(x0[0])), float(wrap_angle(x0[1])), float(x0[2]), float(x0[3])),
             length=(stop - end) * dt, time_to_line=first[0] * dt if first.size else float("nan"),
             time_to_stay=_first_from_then_on(up, dt), time_to_lqr=_first_from_then_on(balanced, dt),
-            below_line=float(np.sum(~above[start:stop])) * dt, passes=_stretches(up)))
+            below_line=float(np.sum(~above[start:stop])) * dt, passes=_stretches(up), first_pass_level=closest))
     return out
 
 
-def summarize_recoveries(recoveries: Sequence[Recovery]) -> dict:
+def roa_level(S: np.ndarray, goal: np.ndarray, rho: float) -> Callable[[np.ndarray], np.ndarray]:
+    """V(x)/rho = (wrap(x) - goal)^T S (wrap(x) - goal) / rho for states (n, 4): the balancing controller's
+    cost-to-go in units of its region of attraction, as the supervisor switches on it (``Supervisor.design.S``,
+    ``.design.goal``, ``.rho``)."""
+    S, goal = np.asarray(S, dtype=float), np.asarray(goal, dtype=float)
+
+    def value(x: np.ndarray) -> np.ndarray:
+        err = wrap_state(np.atleast_2d(x)) - goal
+        return np.einsum("ni,ij,nj->n", err, S, err) / float(rho)
+
+    return value
+
+
+def summarize_recoveries(recoveries: Sequence[Recovery], enter_level: float | None = None) -> dict:
     """Means over the recoveries (times over those where it happened; passes over the caught ones), the caught
-    fraction and the fraction caught on the first arrival."""
+    fraction and the fraction caught on the first arrival. With ``enter_level`` (the balance's switching level in
+    units of rho, ``roa.enter_fraction``) and recoveries measured with ``level_of`` (:func:`roa_level`), also the
+    fraction whose first pass came within it (``first_pass_in_balance``) and the fraction that did and still was not
+    caught on that pass (``first_pass_lost_in_balance``): what the catch lost, as against what the swing-up never
+    brought."""
     def mean_of(values: list[float]) -> float:
         finite = [v for v in values if np.isfinite(v)]
         return float(np.mean(finite)) if finite else float("nan")
@@ -496,4 +535,14 @@ def summarize_recoveries(recoveries: Sequence[Recovery]) -> dict:
             "time_to_line": mean_of([r.time_to_line for r in recoveries]),
             "time_to_stay": mean_of([r.time_to_stay for r in recoveries]),
             "time_to_lqr": mean_of([r.time_to_lqr for r in recoveries]),
-            "below_line": mean_of([r.below_line for r in recoveries])}
+            "below_line": mean_of([r.below_line for r in recoveries]),
+            **_first_pass_fractions(recoveries, enter_level)}
+
+
+def _first_pass_fractions(recoveries: Sequence[Recovery], enter_level: float | None) -> dict:
+    values = np.array([r.first_pass_level for r in recoveries], dtype=float)
+    if enter_level is None or not values.size or np.isnan(values).all():
+        return {"first_pass_in_balance": float("nan"), "first_pass_lost_in_balance": float("nan")}
+    within = np.nan_to_num(values, nan=np.inf) < enter_level
+    lost = within & ~np.array([r.caught_on_first_arrival for r in recoveries])
+    return {"first_pass_in_balance": float(np.mean(within)), "first_pass_lost_in_balance": float(np.mean(lost))}

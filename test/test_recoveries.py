@@ -11,6 +11,7 @@ from mcpilco_core.evaluation import (
     EvaluationResult,
     disturbance_recoveries,
     evaluate_seed,
+    roa_level,
     summarize_recoveries,
 )
 from mcpilco_core.policy import load_policy
@@ -93,3 +94,40 @@ def test_recoveries_account_for_every_second_below_the_line(repo, pendubot_confi
     assert before + sum(r.below_line for r in recoveries) == pytest.approx(60.0 - result.uptime, abs=1e-9)
     assert all(r.caught for r in recoveries)           # the shipped pendubot policy catches after every one
     assert 0.0 < summarize_recoveries(recoveries)["time_to_line"] < 2.0
+
+
+UPRIGHT_LEVEL = roa_level(np.eye(4), np.array(UP), rho=0.5)   # V/rho = |wrap(x) - upright|^2 / 0.5
+FAST_UP = (math.pi, 0.0, 3.0, 0.0)                             # above the line, V/rho = 18
+
+
+def test_roa_level_is_the_wrapped_cost_to_go_in_rho():
+    levels = UPRIGHT_LEVEL(np.array([UP, (3 * math.pi, 2 * math.pi, 0.0, 0.0), (math.pi + 0.1, 0.0, 0.0, -0.2),
+                                     FAST_UP]))
+    assert levels == pytest.approx([0.0, 0.0, (0.01 + 0.04) / 0.5, 18.0])   # whole turns are the same upright
+
+
+def test_first_pass_level_splits_the_catch_from_the_swing_up(pendubot_plant):
+    # 1: first pass through the upright, held (caught on it); 2: first pass through the upright, lost, back later;
+    # 3: first pass above the line but fast (V = 18 rho), lost; 4: never above the line
+    result = constructed([(100, DOWN, "reset"), (10, DOWN, "policy"), (40, UP, "lqr"),
+                          (100, DOWN, "reset"), (5, UP, "lqr"), (5, DOWN, "policy"), (20, UP, "lqr"),
+                          (100, DOWN, "reset"), (5, FAST_UP, "policy"), (5, DOWN, "policy"), (10, UP, "lqr"),
+                          (100, DOWN, "reset"), (10, DOWN, "policy")],
+                         windows=[[0.0, 100 * DT], [150 * DT, 250 * DT], [280 * DT, 380 * DT], [400 * DT, 500 * DT]])
+    held, lost, fast, never = disturbance_recoveries(result, pendubot_plant, UPRIGHT_LEVEL)
+    assert held.first_pass_level == 0.0 and lost.first_pass_level == 0.0
+    assert fast.first_pass_level == pytest.approx(18.0)          # its later pass through the upright does not count
+    assert math.isnan(never.first_pass_level)
+    summary = summarize_recoveries([held, lost, fast, never], enter_level=8.0)
+    assert summary["first_pass_in_balance"] == 0.5                # held and lost came within 8 rho
+    assert summary["first_pass_lost_in_balance"] == 0.25          # lost did, and fell back: the catch's loss
+    assert summarize_recoveries([held, lost, fast], enter_level=20.0)["first_pass_in_balance"] == 1.0
+
+
+def test_first_pass_level_is_not_measured_without_a_level_function(pendubot_plant):
+    result = constructed([(100, DOWN, "reset"), (10, UP, "lqr")], windows=[[0.0, 100 * DT]])
+    (recovery,) = disturbance_recoveries(result, pendubot_plant)
+    assert math.isnan(recovery.first_pass_level)
+    summary = summarize_recoveries([recovery], enter_level=8.0)
+    assert math.isnan(summary["first_pass_in_balance"]) and math.isnan(summary["first_pass_lost_in_balance"])
+    assert math.isnan(summarize_recoveries([recovery])["first_pass_in_balance"])   # no level given either
