@@ -46,13 +46,13 @@ def summary_row(label: str, scores: list[float], recoveries: list[Recovery], ent
             f"{s['below_line']:.2f} |")
 
 
-def plot(recoveries: list[Recovery], title: str, path: Path) -> None:
+def plot(recoveries: list[Recovery], title: str, path: Path, enter_level: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_states, ax_times) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax_states, ax_times, ax_levels) = plt.subplots(1, 3, figsize=(16, 4.5))
     x0 = np.array([r.handover_state for r in recoveries])
     stay = np.array([r.time_to_stay for r in recoveries])
     ok = np.isfinite(stay)
@@ -72,10 +72,28 @@ def plot(recoveries: list[Recovery], title: str, path: Path) -> None:
     ax_times.set_xlabel("s after the hand-over")
     ax_times.set_ylabel("disturbances")
     ax_times.legend(fontsize=8)
+    plot_first_pass_levels(ax_levels, recoveries, enter_level)
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def plot_first_pass_levels(ax, recoveries: list[Recovery], enter_level: float) -> None:
+    """Histogram of the first pass's least V/rho (log scale), caught on it or not, with the switching level: left of
+    the line and not caught is the catch's loss, right of it the swing-up's."""
+    levels = np.array([r.first_pass_level for r in recoveries], dtype=float)
+    first = np.array([r.caught_on_first_arrival for r in recoveries])
+    finite = np.isfinite(levels)
+    floor = 1e-2                                  # V/rho below this is drawn at it (a log axis has no 0)
+    bins = np.logspace(np.log10(floor), 4, 31)
+    for mask, label in ((first, "caught on its first arrival"), (~first, "not caught on it")):
+        ax.hist(np.clip(levels[finite & mask], floor, bins[-1]), bins=bins, histtype="step", label=label)
+    ax.axvline(enter_level, color="black", linestyle="--", label=f"switching level ({enter_level:g} rho)")
+    ax.set_xscale("log")
+    ax.set_xlabel("least V/rho over the first pass above the line")
+    ax.set_ylabel(f"disturbances ({np.count_nonzero(~finite)} never above the line)")
+    ax.legend(fontsize=8)
 
 
 def main() -> int:
@@ -110,7 +128,7 @@ def main() -> int:
         print(f"  seed {r.seed:3d} #{r.index:2d} t {r.handover_time:5.2f}: x0 ({q1:+.2f}, {q2:+.2f}, {dq1:+6.2f}, "
               f"{dq2:+6.2f})  to line {r.time_to_line:5.2f}  to caught {r.time_to_stay:5.2f}  of {r.length:5.2f} s")
     if args.plot is not None:
-        plot(recoveries, label, args.plot)
+        plot(recoveries, label, args.plot, config.roa.enter_fraction)
         print(f"plot: {args.plot}")
     return 0
 
