@@ -11,7 +11,8 @@ Prints a summary table (markdown) and the slowest / failed recoveries with their
 the hand-over states coloured by the time to stay above the line, and the distributions of the times.
 Every 0.1 s saved per disturbance is worth 15 x 0.1 / 60 = 0.025 of score. The table also splits the first arrivals:
 the fraction whose first pass above the line came within the LQR's switching level (V < roa.enter_fraction rho, the
-true state), and the fraction that did and still fell back: the catch's loss, the rest of the misses the swing-up's.
+true state), and the fraction that did and still fell below the line on that pass (dropped by the balance, or a
+dip under the line while it catches: the time to caught tells which); the rest of the misses are the swing-up's.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def plot(recoveries: list[Recovery], title: str, path: Path, enter_level: float)
 
 def plot_first_pass_levels(ax, recoveries: list[Recovery], enter_level: float) -> None:
     """Histogram of the first pass's least V/rho (log scale), caught on it or not, with the switching level: left of
-    the line and not caught is the catch's loss, right of it the swing-up's."""
+    the line and not caught on it fell below the line in the balance's hands (dropped, or a dip while caught),
+    right of it the swing-up missed."""
     levels = np.array([r.first_pass_level for r in recoveries], dtype=float)
     first = np.array([r.caught_on_first_arrival for r in recoveries])
     finite = np.isfinite(levels)

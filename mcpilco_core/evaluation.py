@@ -416,9 +416,10 @@ class Recovery:
     stretches above the line it has (1 and caught: caught on its first arrival; the pendubot's are, the acrobot goes
     over the top and round once more); ``first_pass_level``: the least V(x)/rho of the balancing controller over
     the first pass above the line (NaN when not measured or never above): how close the first arrival came to the
-    balance, in the unit of the switching levels (``roa.enter_fraction``). An arrival that comes within the
-    enter level and is still not caught on that pass was lost by the catch; one that never comes within it, by the
-    swing-up.
+    balance, in the unit of the switching levels (``roa.enter_fraction``). An arrival that never comes within the
+    enter level was missed by the swing-up; one that came within it and still fell below the line was either
+    dropped by the balance or dipped under the line while the balance caught it (the acrobot's often do, for
+    60-130 ms): ``time_to_stay`` tells which.
     """
 
     seed: int
@@ -521,8 +522,8 @@ def summarize_recoveries(recoveries: Sequence[Recovery], enter_level: float | No
     fraction and the fraction caught on the first arrival. With ``enter_level`` (the balance's switching level in
     units of rho, ``roa.enter_fraction``) and recoveries measured with ``level_of`` (:func:`roa_level`), also the
     fraction whose first pass came within it (``first_pass_in_balance``) and the fraction that did and still was not
-    caught on that pass (``first_pass_lost_in_balance``): what the catch lost, as against what the swing-up never
-    brought."""
+    caught on that pass (``first_pass_lost_in_balance``: dropped by the balance, or a dip under the line while it
+    caught), as against what the swing-up never brought."""
     def mean_of(values: list[float]) -> float:
         finite = [v for v in values if np.isfinite(v)]
         return float(np.mean(finite)) if finite else float("nan")
