@@ -326,6 +326,32 @@ def test_the_judge_runs_on_the_named_profile_instead_of_the_learners_own_robot(r
     assert "judge_profile" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+def test_the_judge_may_not_run_on_a_true_robot(run, tmp_path, capsys):
+    """The judge is an uncounted simulation, so it runs on the prior or on a design robot, never on the robot the
+    policy is for: a built-in profile other than nominal (hardware_proxy, its ablations, another noise seed), a file
+    with the same plant and imperfections as one, a perturbed robot, or the run's own robot profile is refused
+    before anything is written; nominal and an identified design robot are accepted."""
+    source = load_source(run)
+    design = str(REPO / "config" / "design_robots" / "pendubot_exploration_identified.yaml")
+    for allowed in ("nominal", design):
+        assert polish_module.polish_config(source.config, PolishSettings(judge_profile=allowed)) is source.config
+    profiles = yaml.safe_load((REPO / "config" / "robot_profiles.yaml").read_text())
+    copy = tmp_path / "my_robot.yaml"
+    copy.write_text(yaml.safe_dump({**profiles["profiles"]["hardware_proxy"], "description": "a copy",
+                                    "seed": 12}))
+    shutil.copy(REPO / "config" / "plant_models.yaml", tmp_path / "plant_models.yaml")
+    for true_robot, said in (("hardware_proxy", "true robot"), ("hardware_proxy:4", "'hardware_proxy'"),
+                             ("hardware_proxy_plant", "true robot"), ("hardware_proxy_sensors", "true robot"),
+                             (str(copy), "'hardware_proxy'"), ("perturbed:3", "perturbed robot")):
+        with pytest.raises(ValueError, match=said):
+            polish_module.polish_config(source.config, PolishSettings(judge_profile=true_robot))
+    own = replace(source.config, robot_profile=design)          # a run whose trials ran on that robot
+    with pytest.raises(ValueError, match="true robot"):
+        polish_module.polish_config(own, PolishSettings(judge_profile=design))
+    assert cli.main(["polish", str(run), "--judge-profile", "hardware_proxy", "--out", str(tmp_path / "bad")]) == 2
+    assert "true robot" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_the_horizon_of_the_polish_is_the_trainings_unless_named(run, tmp_path, monkeypatch, capsys):
     """polish.horizon / --horizon (s): the particles' rollout length; 0 keeps the training horizon. Shorter than one
     policy period, negative or not finite: a clear error, nothing written."""

@@ -145,7 +145,9 @@ def register(subparsers) -> None:
                         "smaller: passing the top fast costs more)")
     p.add_argument("--judge-profile", default=None,
                    help="robot profile the judge, the confirming seeds and --pool judge run on (a name or a profile "
-                        "file, e.g. a design robot from mcpilco identify --write; default: the learner's own robot)")
+                        "file, e.g. a design robot from mcpilco identify --write; default: the learner's own robot); "
+                        "a true robot is refused: a built-in profile other than nominal, a copy of one, a perturbed "
+                        "robot, the run's own robot profile")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "

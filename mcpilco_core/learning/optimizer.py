@@ -170,7 +170,9 @@ class PolishSettings:
     config/robot_profiles.yaml or a profile file, e.g. a design robot written by ``mcpilco identify --write``;
     '' = the learner's own robot, :func:`protocol.on_model`), with the polish's robot config as the controller.
     Why: a policy polished on the prior's model (free) for a robot with friction is best picked on that robot's
-    design robot; the prior's judge keeps what suits the prior.
+    design robot; the prior's judge keeps what suits the prior. A true robot is refused (``polish_config``): a
+    built-in profile other than nominal, a file simulating the same robot, a perturbed robot, the run's own robot
+    profile -- the judge is not counted, so it must not read the robot the policy is for.
     No dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol

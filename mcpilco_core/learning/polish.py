@@ -411,7 +411,7 @@ def polish_config(config, settings: PolishSettings):
         config = replace(config, robot=_controller_config(config.robot, settings),
                          prior_plant=config.model_robot.plant)
     if settings.judge_profile:
-        _check_judge_profile(settings.judge_profile)
+        _check_judge_profile(settings.judge_profile, config)
     if settings.u_max <= 0:
         return config
     if settings.u_max > config.robot.torque_limit:
@@ -420,15 +420,56 @@ def polish_config(config, settings: PolishSettings):
     return replace(config, robot=replace(config.robot, u_max=max(config.robot.u_max, settings.u_max)))
 
 
-def _check_judge_profile(spec: str) -> None:
-    """Refuse a judge profile that does not load, before any work (its name, file and field in the message)."""
+def _check_judge_profile(spec: str, config) -> None:
+    """Refuse, before any work, a judge profile that does not load (its name, file and field in the message) or
+    that is a true robot rather than a design robot. The judge, the confirming seeds and the "judge" pool are
+    uncounted simulations: run on the robot the policy is for -- a built-in profile other than ``nominal`` (the
+    user's prior), a file with the same plant and imperfections as one, a perturbed robot, or the run's own robot
+    profile -- they would read that robot's true parameters outside the counted trials. A design robot is a file
+    the user wrote or identified from counted trials (``mcpilco identify ... --write``)."""
     from ..config import ConfigError
     from ..simulation import load_robot_profile
 
     try:
-        load_robot_profile(spec)
+        profile = load_robot_profile(spec)
     except (ConfigError, OSError, ValueError) as exc:
         raise ValueError(f"polish: judge_profile: {exc}") from exc
+    if profile.perturbation:
+        raise ValueError(f"polish: judge_profile: {spec!r} is a perturbed robot (perturbation "
+                         f"{profile.perturbation:g}): a robot nobody identified, not a design robot; name a profile "
+                         f"file identified from counted trials (mcpilco identify RUN --write FILE)")
+    judged = _simulated_robot(profile, config.robot)
+    for name in _true_robot_profiles(config):
+        try:
+            true_robot = _simulated_robot(load_robot_profile(name), config.robot)
+        except (ConfigError, OSError, ValueError):      # the run's own profile file moved: nothing to compare
+            continue
+        if true_robot == judged:
+            raise ValueError(f"polish: judge_profile: {spec!r} simulates the robot of profile {name!r} (its plant "
+                             f"and imperfections): the judge would read the true robot outside the counted trials; "
+                             f"name a design robot identified from them (mcpilco identify RUN --write FILE)")
+
+
+def _true_robot_profiles(config) -> list[str]:
+    """The profiles a judge may not simulate: every built-in robot profile except ``nominal`` (the prior) and
+    the perturbed ones (refused on their own), and the run's own robot profile unless it is ``nominal``."""
+    from ..config import read_yaml
+    from ..paths import config_dir
+    from ..simulation import PROFILES_FILE
+
+    builtin = read_yaml(config_dir() / PROFILES_FILE)["profiles"]
+    names = [name for name, fields_ in builtin.items()
+             if name != "nominal" and not float(fields_.get("perturbation", 0.0))]
+    own = str(config.robot_profile)
+    head, _, tail = own.rpartition(":")
+    if (head if tail.isdigit() else own) != "nominal":
+        names.append(own)
+    return names
+
+
+def _simulated_robot(profile, robot) -> tuple:
+    """What a profile simulates for ``robot``'s config, its names left out: (plant parameters, imperfections)."""
+    return replace(profile.plant_parameters(robot), name=""), profile.imperfections(robot)
 
 
 def _controller_config(robot, settings: PolishSettings):
