@@ -85,7 +85,9 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"confirm_seeds": -1}, "polish.confirm_seeds"), ({"first_round": 0}, "polish.first_round"),
                        ({"judge_processes": -1}, "polish.judge_processes"),
                        ({"velocity_lengthscale": -6.0}, "polish.velocity_lengthscale"),
-                       ({"judge_profile": 3}, "polish.judge_profile")):
+                       ({"judge_profile": 3}, "polish.judge_profile"),
+                       ({"catch_level": -1.0}, "polish.catch_level"),
+                       ({"catch_sharpness": 0.0}, "polish.catch_sharpness"), ({"model": "robot"}, "polish.model")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
@@ -94,11 +96,16 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="velocity_lengthscale"):
             PolishSettings(velocity_lengthscale=bad)
+        with pytest.raises(ValueError, match="catch_level"):
+            PolishSettings(catch_level=bad)
+    with pytest.raises(ValueError, match="model"):
+        PolishSettings(model="exact")
     every = {"steps": 7, "lr": 0.002, "particles": 9, "seed": 4, "snapshot_every": 5, "height_weight": 2.0,
              "height_scale": 0.03, "candidates": 2, "horizon": 2.5, "u_max": 5.0, "rounds": 3, "round_gain": 0.01,
              "policy_period": 0.01, "pool": "policy", "retries": 1, "robot_config": "config/acrobot_catch.yaml",
              "add_basis": 20, "judge_seeds": 8, "confirm_seeds": 16, "first_round": 9,
-             "judge_processes": 2, "velocity_lengthscale": 6.0, "judge_profile": "hardware_proxy"}
+             "judge_processes": 2, "velocity_lengthscale": 6.0, "judge_profile": "hardware_proxy",
+             "catch_level": 8.0, "catch_sharpness": 3.0, "model": "prior"}
     assert set(every) == {f.name for f in fields(PolishSettings)}       # every key read, none silently ignored
     path.write_text(yaml.safe_dump({**base, "polish": every}))
     assert load_train_config(path).polish == PolishSettings(**every)
@@ -131,7 +138,8 @@ def test_polish_lowers_the_model_cost_without_dropout_or_the_robot(run, tmp_path
                                   "u_max": 0.0, "rounds": 1, "round_gain": 0.005, "policy_period": 0.0,
                                   "pool": "run", "retries": 0, "robot_config": "",
                                   "add_basis": 0, "judge_seeds": 0, "confirm_seeds": 0, "first_round": 1,
-                                  "judge_processes": 0, "velocity_lengthscale": 0.0, "judge_profile": ""}
+                                  "judge_processes": 0, "velocity_lengthscale": 0.0, "judge_profile": "",
+                                  "catch_level": 0.0, "catch_sharpness": 4.0, "model": "gp"}
     assert report["snapshots"] == [] and report["kept_step"] == 40 and report["judge"] is None
     assert report["source_policy"] == str(run / "policy.npz")
     meta = load_policy(result.policy_file).metadata["polished"]
@@ -350,6 +358,86 @@ def test_the_judge_may_not_run_on_a_true_robot(run, tmp_path, capsys):
         polish_module.polish_config(own, PolishSettings(judge_profile=design))
     assert cli.main(["polish", str(run), "--judge-profile", "hardware_proxy", "--out", str(tmp_path / "bad")]) == 2
     assert "true robot" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_the_catch_model_in_the_polish_cost_is_the_polish_controllers(run, tmp_path, monkeypatch):
+    """polish.catch_level / --catch-level: the cost's catch model with V the polish's controller's LQR cost-to-go and
+    V50 = level x its ROA level rho (--robot-config's controller when named), k = --catch-sharpness; 0 leaves the
+    cost as it was; a controller whose LQR never takes over is refused."""
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control import build_controller
+
+    source = load_source(run)
+    plain = polish_module.polish_cost(source.config, PolishSettings())
+    assert plain.catch_v50 == 0.0 and plain == source.config.cost
+    variant = REPO / "config" / "pendubot_dither.yaml"
+    settings = PolishSettings(catch_level=8.0, catch_sharpness=3.0, robot_config=str(variant))
+    config = polish_module.polish_config(source.config, settings)
+    cost = polish_module.polish_cost(config, settings)
+    supervisor = build_controller(load_robot_config(variant))
+    assert cost.catch_v50 == pytest.approx(8.0 * supervisor.rho) and cost.catch_sharpness == 3.0
+    np.testing.assert_allclose(np.array(cost.roa_metric), supervisor.design.S)
+    assert cost.lengthscales == plain.lengthscales and cost.velocity_lengthscales == plain.velocity_lengthscales
+    caught = torch.zeros(3, 1, 4, dtype=torch.float64)
+    caught[:, 0, 0] = math.pi                              # at the top all along: caught, costs (almost) nothing
+    assert float(trajectory_cost(caught, cost)) < 0.1 * float(trajectory_cost(caught + 0.3, cost))
+    never = replace(config, robot=replace(config.robot, roa=replace(config.robot.roa, enter_fraction=0.0)))
+    with pytest.raises(ValueError, match="enter_fraction"):
+        polish_module.polish_cost(never, settings)
+    used: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(policy, model, sampler, particles, steps, cost_settings, *args, **kwargs):
+        used.append(cost_settings)
+        return optimize(policy, model, sampler, particles, steps, cost_settings, *args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--catch-level", "6",
+                     "--catch-sharpness", "2", "--out", str(tmp_path / "c")]) == 0
+    assert used[-1].catch_v50 == pytest.approx(6.0 * build_controller(source.config.robot).rho)
+    report = json.loads((tmp_path / "c" / "polish.json").read_text())["settings"]
+    assert report["catch_level"] == 6.0 and report["catch_sharpness"] == 2.0
+
+
+def test_the_polish_can_roll_out_on_the_physics_prior_alone(run, tmp_path, monkeypatch):
+    """polish.model: prior / --model prior: the particles follow the model's physics prior alone -- the GP's mean and
+    latent variance 0, its noise at gp.noise_floor -- with the prior the fit identified; the run's model itself is
+    unchanged, and the default rolls out on it."""
+    from mcpilco_core.learning.model import rollout
+
+    source = load_source(run)
+    model = source.model
+    prior_only = polish_module.physics_prior_model(model)
+    assert prior_only.posterior is not model.posterior and prior_only.prior_constants == model.prior_constants
+    x = torch.tensor([[0.3, -0.2, 1.0, -0.5], [2.9, 0.4, -2.0, 3.0]], dtype=model.posterior.packed.dtype)
+    u = torch.tensor([0.7, -1.5], dtype=x.dtype)
+    inputs = torch.cat([x[:, 2:], torch.cos(x[:, :2]), torch.sin(x[:, :2]), u[:, None]], -1)
+    mean, var = prior_only.posterior.predict(inputs)
+    assert torch.all(mean == 0) and torch.allclose(var, torch.full_like(var, model.settings.noise_floor))
+    gp_mean, _ = model.posterior.predict(inputs, include_noise=False)
+    assert float(gp_mean.abs().max()) > 0                  # the run's own model still has its GP
+    policy = TorchPolicy.from_numpy(load_policy(source.policy_file), x.dtype)
+    with torch.no_grad():
+        states = rollout(prior_only, policy, x, 3, None, sample=False)
+        reference = rollout(prior_only, policy, x, 3, None, sample=False, mode="reference")
+    np.testing.assert_allclose(states.numpy(), reference.numpy(), rtol=1e-4, atol=1e-5)
+    step = states[1].double().numpy()                      # one step = the prior's velocity change, nothing more
+    u0 = policy.forward_features(inputs[:, :6]).detach().double().numpy()
+    expected = model.prior_mean(x.double().numpy(), u0)
+    np.testing.assert_allclose(step[:, 2:] - x.double().numpy()[:, 2:], expected, rtol=1e-4, atol=1e-5)
+    models: list = []
+    optimize = polish_module.optimize_policy
+
+    def record(policy, model_used, *args, **kwargs):
+        models.append(model_used)
+        return optimize(policy, model_used, *args, **kwargs)
+
+    monkeypatch.setattr(polish_module, "optimize_policy", record)
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--model", "prior",
+                     "--out", str(tmp_path / "p")]) == 0
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--out", str(tmp_path / "g")]) == 0
+    assert float(models[0].posterior.signal.abs().max()) == 0.0 and float(models[1].posterior.signal.min()) > 0
+    assert json.loads((tmp_path / "p" / "polish.json").read_text())["settings"]["model"] == "prior"
 
 
 def test_the_horizon_of_the_polish_is_the_trainings_unless_named(run, tmp_path, monkeypatch, capsys):

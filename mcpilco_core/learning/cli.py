@@ -148,6 +148,14 @@ def register(subparsers) -> None:
                         "file, e.g. a design robot from mcpilco identify --write; default: the learner's own robot); "
                         "a true robot is refused: a built-in profile other than nominal, a copy of one, a perturbed "
                         "robot, the run's own robot profile")
+    p.add_argument("--catch-level", type=float, default=None,
+                   help="the catch model in the cost: V50 in units of the polish's controller's ROA level rho (a "
+                        "particle caught with chance 1 / (1 + (V / V50)^k) per step costs nothing after; default 0: "
+                        "off)")
+    p.add_argument("--catch-sharpness", type=float, default=None, help="k of the catch model (default 4)")
+    p.add_argument("--model", choices=["gp", "prior"], default=None,
+                   help="what the particles roll out on: the run's GP model (default) or its physics prior alone "
+                        "(the identified plant with gp.identify; the GP's residual and noise off)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -364,7 +372,9 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  add_basis=args.add_basis, judge_seeds=args.judge_seeds,
                                  confirm_seeds=args.confirm_seeds, first_round=args.first_round,
                                  judge_processes=args.judge_processes,
-                                 velocity_lengthscale=args.velocity_lengthscale, judge_profile=args.judge_profile)
+                                 velocity_lengthscale=args.velocity_lengthscale, judge_profile=args.judge_profile,
+                                 catch_level=args.catch_level, catch_sharpness=args.catch_sharpness,
+                                 model=args.model)
         polish_horizon(source.config, settings)
         polish_config(source.config, settings)
         out = args.out or args.run / "polish"
@@ -394,6 +404,9 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", each round's gain confirmed on {settings.confirm_seeds} other seeds" if settings.confirm_seeds else "")
           + (f", velocity term {settings.velocity_lengthscale:g} rad/s" if settings.velocity_lengthscale > 0 else "")
           + (f", the judge on robot profile {settings.judge_profile}" if settings.judge_profile else "")
+          + (f", catch model at {settings.catch_level:g} rho (k {settings.catch_sharpness:g})"
+             if settings.catch_level > 0 else "")
+          + (", on the physics prior alone (the GP off)" if settings.model == "prior" else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))

@@ -47,7 +47,14 @@ from .cost import CostSettings, trial_cost, with_height_term
 from .gp import BACKWARD_PRECISIONS, PRIOR_INTEGRATORS, GPSettings, resolve_backward_precision
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
-from .optimizer import POLISH_POOLS, OptimizationResult, OptimizerSettings, PolishSettings, optimize_policy
+from .optimizer import (
+    POLISH_MODELS,
+    POLISH_POOLS,
+    OptimizationResult,
+    OptimizerSettings,
+    PolishSettings,
+    optimize_policy,
+)
 from .parallel import PARALLEL_MODES
 from .torch_policy import TorchPolicy
 
@@ -421,7 +428,10 @@ def _polish_settings(r: ConfigReader) -> PolishSettings:
                           judge_processes=r.integer("judge_processes", d.judge_processes, minimum=0),
                           velocity_lengthscale=r.number("velocity_lengthscale", d.velocity_lengthscale,
                                                         nonnegative=True),
-                          judge_profile=r.string("judge_profile", d.judge_profile))
+                          judge_profile=r.string("judge_profile", d.judge_profile),
+                          catch_level=r.number("catch_level", d.catch_level, nonnegative=True),
+                          catch_sharpness=r.number("catch_sharpness", d.catch_sharpness, positive=True),
+                          model=r.string("model", d.model, choices=list(POLISH_MODELS)))
 
 
 def _optimizer_settings(r: ConfigReader) -> OptimizerSettings:

@@ -104,6 +104,7 @@ class OptimizerSettings:
 
 
 POLISH_POOLS = ("run", "policy", "judge")
+POLISH_MODELS = ("gp", "prior")          # what the polish's particles roll out on (PolishSettings.model)
 CONFIRM_FIRST_SEED = 5000   # the polish's confirming seeds: apart from the snapshot judge's (3000 on), the choice's
                             # (200 on) and the reports' (0-29)
 
@@ -173,6 +174,19 @@ class PolishSettings:
     design robot; the prior's judge keeps what suits the prior. A true robot is refused (``polish_config``): a
     built-in profile other than nominal, a file simulating the same robot, a perturbed robot, the run's own robot
     profile -- the judge is not counted, so it must not read the robot the policy is for.
+    catch_level: the catch model in the polish's cost (cost.py): a particle is caught by the balance with the
+    probability 1 / (1 + (V / V50)^k) per step and costs nothing from then on, V50 = catch_level x rho and V the
+    cost-to-go of the polish's own controller (its LQR and ROA level: ``robot_config``'s); 0 = off.
+    catch_sharpness: k. Why: on the friction robot the plain cost is flat where the protocol is steep (2 % of cost
+    between 0.51 and 0.40 on the design robot); with the catch model at 8 rho, k = 4, it ranks seven acrobot
+    policies as the protocol does (Spearman 0.93 against 0.68; ``benchmarks/bench_cost_alignment.py``).
+    model: what the particles roll out on: ``gp`` (the run's newest model, default) or ``prior`` (its physics prior
+    alone, the GP's residual, variance and fitted noise off, the particles' noise at ``gp.noise_floor``: with
+    ``gp.identify`` the plant identified from the trials, its friction, rotor inertia and command delay). Why: on
+    the proxy the GP is fitted to noisy, delayed velocities and learns no better one-step prediction than the
+    identified prior (RMS 0.099 / 0.173 against 0.099 / 0.169 rad/s on the acrobot run pm0), and its polishes lost
+    on the design robot, while the identified prior with the catch model gained (0.507 -> 0.546 / 0.550 on
+    seeds 200-223; docs/learner.md).
     No dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
@@ -204,8 +218,18 @@ class PolishSettings:
     judge_processes: int = 0
     velocity_lengthscale: float = 0.0
     judge_profile: str = ""
+    catch_level: float = 0.0
+    catch_sharpness: float = 4.0
+    model: str = "gp"
 
     def __post_init__(self) -> None:
+        if not (self.catch_level >= 0.0 and math.isfinite(self.catch_level)):
+            raise ValueError(f"polish: catch_level must be a finite number >= 0 (units of the controller's ROA "
+                             f"level rho; 0: no catch model), got {self.catch_level}")
+        if not (self.catch_sharpness > 0.0 and math.isfinite(self.catch_sharpness)):
+            raise ValueError(f"polish: catch_sharpness must be a finite number > 0, got {self.catch_sharpness}")
+        if self.model not in POLISH_MODELS:
+            raise ValueError(f"polish: model must be one of {', '.join(POLISH_MODELS)}, got {self.model!r}")
         if not self.velocity_lengthscale >= 0.0 or math.isinf(self.velocity_lengthscale):
             raise ValueError(f"polish: velocity_lengthscale must be a finite number >= 0 (rad/s; 0: the training "
                              f"cost's), got {self.velocity_lengthscale}")

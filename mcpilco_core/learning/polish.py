@@ -29,6 +29,7 @@ Writes ``OUT/policy.npz`` (metadata: what was polished, on which model, the kept
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -202,7 +203,8 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
     cost = polish_cost(config, settings)
     horizon_steps = int(round(polish_horizon(config, settings) / config.robot.policy_period))
     start = time.perf_counter()
-    result = optimize_policy(policy, source.model, sampler, settings.particles, horizon_steps, cost,
+    model = physics_prior_model(source.model) if settings.model == "prior" else source.model
+    result = optimize_policy(policy, model, sampler, settings.particles, horizon_steps, cost,
                              optimizer, settings.steps, generator, progress, description="polish",
                              particle_threads=config.particle_threads,
                              particle_processes=config.parallel == "processes", judge=judge)
@@ -507,7 +509,38 @@ def polish_cost(config, settings: PolishSettings) -> CostSettings:
     cost = config.cost
     if settings.velocity_lengthscale > 0:
         cost = replace(cost, velocity_lengthscales=(settings.velocity_lengthscale, settings.velocity_lengthscale))
+    if settings.catch_level > 0:
+        cost = with_catch_model(cost, config.robot, settings.catch_level, settings.catch_sharpness)
     return with_height_term(cost, settings.height_weight, settings.height_scale, config.robot.plant.l)
+
+
+def with_catch_model(cost: CostSettings, robot, level: float, sharpness: float) -> CostSettings:
+    """``cost`` with the catch model of ``robot``'s controller: V its LQR's cost-to-go, V50 = ``level`` x its ROA
+    level rho, k = ``sharpness``. Refused for a controller whose LQR never takes over."""
+    from ..control import build_controller
+
+    if robot.roa.enter_fraction <= 0:
+        raise ValueError("polish: catch_level needs a controller whose LQR takes over (roa.enter_fraction > 0)")
+    supervisor = build_controller(robot)
+    metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
+    return replace(cost, roa_metric=metric, catch_v50=float(level * supervisor.rho), catch_sharpness=float(sharpness))
+
+
+def physics_prior_model(model: DynamicsModel) -> DynamicsModel:
+    """A copy of ``model`` whose particles follow its physics prior alone (``polish.model: prior``): the GP's mean
+    and latent variance 0, its noise at ``gp.noise_floor``. The prior keeps what the fit identified (friction,
+    rotor inertia, command delay with ``gp.identify``); ``model`` itself is unchanged."""
+    if model.posterior is None:
+        raise RuntimeError("the model has not been fitted")
+    post = model.posterior
+    prior_only = copy.copy(model)
+    prior_only.posterior = replace(post, packed=torch.zeros_like(post.packed), signal=torch.zeros_like(post.signal),
+                                   noise=torch.full_like(post.noise, model.settings.noise_floor),
+                                   backward_matrix=None, _fast=None)
+    if post.backward_matrix is not None:           # the same backward precision as the model's
+        prior_only.posterior.set_backward_precision("bfloat16" if post.backward_matrix.dtype == torch.bfloat16
+                                                    else "float32")
+    return prior_only
 
 
 def _plot(costs: np.ndarray, snapshots: list, kept: int, path: Path, title: str) -> Path:
