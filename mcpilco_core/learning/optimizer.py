@@ -185,8 +185,9 @@ class PolishSettings:
     ``gp.identify`` the plant identified from the trials, its friction, rotor inertia and command delay). Why: on
     the proxy the GP is fitted to noisy, delayed velocities and learns no better one-step prediction than the
     identified prior (RMS 0.099 / 0.173 against 0.099 / 0.169 rad/s on the acrobot run pm0), and its polishes lost
-    on the design robot, while the identified prior with the catch model gained (0.507 -> 0.546 / 0.550 on
-    seeds 200-223; docs/learner.md).
+    on the design robot; with the identified prior and the catch model the polish gained 0.04 on the 3 s design
+    robot that judged it, but not on the proxy nor on a design robot identified from 22 s (docs/learner.md): the
+    judge's robot must be as good as the model.
     No dropout: the polish tunes the policy that runs on the robot, every basis function on.
 
     The snapshots are judged as a trial's are (``optimizer.snapshot_seeds`` x ``snapshot_seconds`` of the protocol
