@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,15 +43,12 @@ from mcpilco_core.simulation import load_robot_profile  # noqa: E402
 
 def cost_settings(robot, args):
     """The learner's cost with the terms asked for (the catch model from the controller's own LQR and ROA)."""
-    from mcpilco_core.learning.cost import CostSettings, with_height_term
+    from mcpilco_core.learning.cost import CostSettings, with_catch_model, with_height_term
 
     velocity = (args.velocity_lengthscale,) * 2 if args.velocity_lengthscale > 0 else None
     cost = CostSettings(lengthscales=tuple(args.lengthscales), velocity_lengthscales=velocity)
     if args.catch_level > 0:
-        supervisor = build_controller(robot)
-        metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
-        cost = replace(cost, roa_metric=metric, catch_v50=float(args.catch_level * supervisor.rho),
-                       catch_sharpness=args.catch_sharpness)
+        cost = with_catch_model(cost, robot, args.catch_level, args.catch_sharpness)
     return with_height_term(cost, args.height_weight, 0.02, robot.plant.l)
 
 

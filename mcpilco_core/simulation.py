@@ -512,6 +512,27 @@ def robot_profile_from_mapping(data: Mapping, name: str, source: str | Path, pre
 
 
 
+def _profiles_document(profiles_file: str | Path | None) -> tuple[Path, Mapping]:
+    """(path, contents) of the profiles file (``config/robot_profiles.yaml`` unless named), its top level checked."""
+    if profiles_file is None:
+        from .paths import config_dir
+
+        profiles_file = config_dir() / PROFILES_FILE
+    path = Path(profiles_file)
+    data = read_yaml(path)
+    if not isinstance(data, Mapping) or not isinstance(data.get("profiles"), Mapping):
+        raise ConfigError(path, "profiles", "missing: expected a mapping of profile name -> fields")
+    for key in data:
+        if key not in ("profiles", "plant_models_file"):
+            raise ConfigError(path, str(key), "unknown field (known: plant_models_file, profiles)")
+    return path, data
+
+
+def robot_profile_names(profiles_file: str | Path | None = None) -> list[str]:
+    """The names of the built-in robot profiles (``config/robot_profiles.yaml``, or ``profiles_file``)."""
+    return [str(name) for name in _profiles_document(profiles_file)[1]["profiles"]]
+
+
 def load_robot_profile(spec: str | Path | RobotProfile | None = None,
                        profiles_file: str | Path | None = None) -> RobotProfile:
     """A robot profile by name (``config/robot_profiles.yaml``, or ``profiles_file``), ``NAME:SEED`` (the
@@ -531,17 +552,7 @@ def load_robot_profile(spec: str | Path | RobotProfile | None = None,
             raise ConfigError(path, "<file>", "no such robot profile file")
         profile = robot_profile_from_mapping(read_yaml(path), path.stem, path)
     else:
-        if profiles_file is None:
-            from .paths import config_dir
-
-            profiles_file = config_dir() / PROFILES_FILE
-        path = Path(profiles_file)
-        data = read_yaml(path)
-        if not isinstance(data, Mapping) or not isinstance(data.get("profiles"), Mapping):
-            raise ConfigError(path, "profiles", "missing: expected a mapping of profile name -> fields")
-        for key in data:
-            if key not in ("profiles", "plant_models_file"):
-                raise ConfigError(path, str(key), "unknown field (known: plant_models_file, profiles)")
+        path, data = _profiles_document(profiles_file)
         if text not in data["profiles"]:
             raise ConfigError(path, f"profiles.{text}", f"unknown robot profile (known: {sorted(data['profiles'])})")
         models = data.get("plant_models_file", PROFILES_PLANT_MODELS)

@@ -130,6 +130,23 @@ def with_height_term(settings: CostSettings, weight: float, scale: float,
                    height_line=EE_THRESHOLD_FRACTION * sum(lengths))
 
 
+def lqr_metric(supervisor) -> tuple[tuple[float, ...], ...]:
+    """S (4x4) of a supervisor's LQR design as the cost's ``roa_metric`` (V = e^T S e)."""
+    return tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
+
+
+def with_catch_model(settings: CostSettings, robot, level: float, sharpness: float) -> CostSettings:
+    """``settings`` with the catch model of the controller of robot config ``robot``: V its LQR's cost-to-go,
+    V50 = ``level`` x its ROA level rho, k = ``sharpness``. Refused for a controller whose LQR never takes over."""
+    from ..control import build_controller
+
+    if robot.roa.enter_fraction <= 0:
+        raise ValueError("the catch model needs a controller whose LQR takes over (roa.enter_fraction > 0)")
+    supervisor = build_controller(robot)
+    return replace(settings, roa_metric=lqr_metric(supervisor), catch_v50=float(level * supervisor.rho),
+                   catch_sharpness=float(sharpness))
+
+
 def below_line_cost(states: torch.Tensor, settings: CostSettings) -> torch.Tensor:
     """sigma((line - h(x)) / scale) for states (..., 4): about 1 below the score's line, 0 above it, a smooth step of
     width ``height_scale`` between; h = -l1 cos q1 - l2 cos(q1 + q2) the end effector's height (m)."""

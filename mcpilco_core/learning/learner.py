@@ -43,7 +43,7 @@ from ..policy import PolicyError, load_policy
 from ..recording.state_rate import StateRecording
 from ..recording.transitions import TransitionData
 from .compile import fresh_compilation
-from .cost import CostSettings, trial_cost, with_height_term
+from .cost import CostSettings, lqr_metric, trial_cost, with_catch_model, with_height_term
 from .gp import BACKWARD_PRECISIONS, PRIOR_INTEGRATORS, GPSettings, resolve_backward_precision
 from .identified_robot import identify_robot
 from .model import ROLLOUT_MODES, DynamicsModel
@@ -383,7 +383,8 @@ def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
     weight = r.number("roa_weight", 0.0, nonnegative=True)
     scale = r.number("roa_scale", 1.0, positive=True)
     catch_level = r.number("catch_level", 0.0, nonnegative=True)      # V50 in units of the LQR's ROA level rho
-    metric, rho, v50 = None, 1.0, 0.0
+    metric, rho = None, 1.0
+    sharpness = r.number("catch_sharpness", 2.0, positive=True)
     if (weight > 0 or catch_level > 0) and robot.roa.enter_fraction <= 0:
         raise ConfigError(r.source, r.name("roa_weight" if weight > 0 else "catch_level"),
                           "rewards the LQR's region, but the robot config's LQR never takes over "
@@ -393,12 +394,12 @@ def _cost_settings(r: ConfigReader, robot: RobotConfig) -> CostSettings:
 
         supervisor = build_controller(robot)
         rho = supervisor.rho * robot.roa.enter_fraction * scale
-        v50 = supervisor.rho * catch_level
-        metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
+        metric = lqr_metric(supervisor)
     cost = CostSettings(lengthscales=r.vector("lengthscales", 2, (3.0, 3.0), positive=True),
                         velocity_lengthscales=velocity, roa_weight=weight, roa_metric=metric,
-                        roa_rho=float(rho), catch_v50=float(v50),
-                        catch_sharpness=r.number("catch_sharpness", 2.0, positive=True))  # type: ignore[arg-type]
+                        roa_rho=float(rho), catch_sharpness=sharpness)  # type: ignore[arg-type]
+    if catch_level > 0:
+        cost = with_catch_model(cost, robot, catch_level, sharpness)
     return with_height_term(cost, r.number("height_weight", 0.0, nonnegative=True),
                             r.number("height_scale", 0.02, positive=True), robot.plant.l)
 

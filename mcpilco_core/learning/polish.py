@@ -42,7 +42,7 @@ import torch
 
 from ..config import whole_periods
 from ..policy import load_policy, save_policy
-from .cost import CostSettings, with_height_term
+from .cost import CostSettings, with_catch_model, with_height_term
 from .model import DynamicsModel
 from .optimizer import OptimizationResult, PolishSettings, optimize_policy
 from .protocol import protocol_judge
@@ -453,15 +453,11 @@ def _check_judge_profile(spec: str, config) -> None:
 
 
 def _true_robot_profiles(config) -> list[str]:
-    """The profiles a judge may not simulate: every built-in robot profile except ``nominal`` (the prior) and
-    the perturbed ones (refused on their own), and the run's own robot profile unless it is ``nominal``."""
-    from ..config import read_yaml
-    from ..paths import config_dir
-    from ..simulation import PROFILES_FILE
+    """The profiles a judge may not simulate: every built-in robot profile except ``nominal`` (the prior), and the
+    run's own robot profile unless it is ``nominal``."""
+    from ..simulation import robot_profile_names
 
-    builtin = read_yaml(config_dir() / PROFILES_FILE)["profiles"]
-    names = [name for name, fields_ in builtin.items()
-             if name != "nominal" and not float(fields_.get("perturbation", 0.0))]
+    names = [name for name in robot_profile_names() if name != "nominal"]
     own = str(config.robot_profile)
     head, _, tail = own.rpartition(":")
     if (head if tail.isdigit() else own) != "nominal":
@@ -512,18 +508,6 @@ def polish_cost(config, settings: PolishSettings) -> CostSettings:
     if settings.catch_level > 0:
         cost = with_catch_model(cost, config.robot, settings.catch_level, settings.catch_sharpness)
     return with_height_term(cost, settings.height_weight, settings.height_scale, config.robot.plant.l)
-
-
-def with_catch_model(cost: CostSettings, robot, level: float, sharpness: float) -> CostSettings:
-    """``cost`` with the catch model of ``robot``'s controller: V its LQR's cost-to-go, V50 = ``level`` x its ROA
-    level rho, k = ``sharpness``. Refused for a controller whose LQR never takes over."""
-    from ..control import build_controller
-
-    if robot.roa.enter_fraction <= 0:
-        raise ValueError("polish: catch_level needs a controller whose LQR takes over (roa.enter_fraction > 0)")
-    supervisor = build_controller(robot)
-    metric = tuple(tuple(float(v) for v in row) for row in supervisor.design.S)
-    return replace(cost, roa_metric=metric, catch_v50=float(level * supervisor.rho), catch_sharpness=float(sharpness))
 
 
 def physics_prior_model(model: DynamicsModel) -> DynamicsModel:
