@@ -334,6 +334,48 @@ def test_the_judge_runs_on_the_named_profile_instead_of_the_learners_own_robot(r
     assert "judge_profile" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+def test_several_judge_profiles_are_judged_on_each_and_averaged(run, tmp_path, monkeypatch, capsys):
+    """--judge-profile A B (polish.judge_profile "A,B"): the judge's score is the mean of its score on each robot,
+    on the same seeds, and the "judge" pool holds each robot's states in the order named; each name is checked as
+    one is (a true robot among them is refused), an empty name between commas too."""
+    from mcpilco_core.learning import protocol as protocol_module
+
+    source = load_source(run)
+    design = str(REPO / "config" / "design_robots" / "pendubot_exploration_identified.yaml")
+    both = f"nominal,{design}"
+    assert protocol_module.judge_profiles(both) == ["nominal", design]
+    assert protocol_module.judge_profiles("") == [""]
+    policy = TorchPolicy.from_numpy(load_policy(REPO / "policies" / "pendubot.npz"), source.config.torch_dtype)
+    one = [protocol_module.protocol_judge(source.config, source.model, [3, 4], 5.0, profile=name)(policy)
+           for name in ("nominal", design)]
+    assert one[0] != one[1]          # the two robots differ, so the mean is not either's score
+    mean = protocol_module.protocol_judge(source.config, source.model, [3, 4], 5.0, profile=both)(policy)
+    assert mean == pytest.approx((one[0] + one[1]) / 2, abs=1e-12)
+    pools: list = []
+    post = learner.post_disturbance_states
+
+    def record_pool(controller, robot, seeds, profile=None):
+        states, rest = post(controller, robot, seeds, profile=profile)
+        pools.append((profile, len(states)))
+        return states, rest
+
+    monkeypatch.setattr(learner, "post_disturbance_states", record_pool)
+    states = polish_module.policy_pool(source.config, load_policy(source.policy_file), source.model, both)
+    assert [p for p, _ in pools] == ["nominal", design] and len(states) == sum(n for _, n in pools) > 0
+    for bad, said in ((f"{design},hardware_proxy", "true robot"), (f"{design},,nominal", "empty name")):
+        with pytest.raises(ValueError, match=said):
+            polish_module.polish_config(source.config, PolishSettings(judge_profile=bad))
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--judge-profile", "nominal", design,
+                     "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "polish.json").read_text())["settings"]["judge_profile"] == both
+    polish(source, PolishSettings(steps=2, lr=0.01, particles=8, snapshot_every=2, judge_profile=both),
+           tmp_path / "p", progress=False)
+    assert both in json.loads((tmp_path / "p" / "polish.json").read_text())["judge"]["robot"]
+    assert cli.main(["polish", str(run), "--judge-profile", design, "hardware_proxy",
+                     "--out", str(tmp_path / "bad")]) == 2
+    assert "true robot" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_the_judge_may_not_run_on_a_true_robot(run, tmp_path, capsys):
     """The judge is an uncounted simulation, so it runs on the prior or on a design robot, never on the robot the
     policy is for: a built-in profile other than nominal (hardware_proxy, its ablations, another noise seed), a file

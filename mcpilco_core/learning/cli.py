@@ -143,9 +143,10 @@ def register(subparsers) -> None:
     p.add_argument("--velocity-lengthscale", type=float, default=None,
                    help="rad/s, the cost's velocity term for the polish, both joints (default: the training cost's; "
                         "smaller: passing the top fast costs more)")
-    p.add_argument("--judge-profile", default=None,
+    p.add_argument("--judge-profile", default=None, nargs="+", metavar="PROFILE",
                    help="robot profile the judge, the confirming seeds and --pool judge run on (a name or a profile "
                         "file, e.g. a design robot from mcpilco identify --write; default: the learner's own robot); "
+                        "several: the judge scores the mean over them, the pool holds each one's states; "
                         "a true robot is refused: a built-in profile other than nominal, a copy of one, a perturbed "
                         "robot, the run's own robot profile")
     p.add_argument("--catch-level", type=float, default=None,
@@ -372,7 +373,8 @@ def _run_polish(args: argparse.Namespace) -> int:
                                  add_basis=args.add_basis, judge_seeds=args.judge_seeds,
                                  confirm_seeds=args.confirm_seeds, first_round=args.first_round,
                                  judge_processes=args.judge_processes,
-                                 velocity_lengthscale=args.velocity_lengthscale, judge_profile=args.judge_profile,
+                                 velocity_lengthscale=args.velocity_lengthscale,
+                                 judge_profile=None if args.judge_profile is None else ",".join(args.judge_profile),
                                  catch_level=args.catch_level, catch_sharpness=args.catch_sharpness,
                                  model=args.model)
         polish_horizon(source.config, settings)

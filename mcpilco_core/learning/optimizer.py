@@ -169,7 +169,9 @@ class PolishSettings:
     best single policy on the proxy's sliding shoulder (0.51 alone, every policy learnt there 0.39-0.43).
     judge_profile: the robot profile the judge, the confirming seeds and the "judge" pool run on (a name of
     config/robot_profiles.yaml or a profile file, e.g. a design robot written by ``mcpilco identify --write``;
-    '' = the learner's own robot, :func:`protocol.on_model`), with the polish's robot config as the controller.
+    '' = the learner's own robot, :func:`protocol.on_model`), with the polish's robot config as the controller;
+    several separated by commas (``--judge-profile A B``): the judge scores the mean over them on the same seeds and
+    the pool holds each one's states (:func:`protocol.judge_profiles`).
     Why: a policy polished on the prior's model (free) for a robot with friction is best picked on that robot's
     design robot; the prior's judge keeps what suits the prior. A true robot is refused (``polish_config``): a
     built-in profile other than nominal, a file simulating the same robot, a perturbed robot, the run's own robot

@@ -232,7 +232,7 @@ def polish(source: PolishSource, settings: PolishSettings, out: str | Path, prog
                "judge": None if judge is None else {"seeds": list(optimizer.snapshot_seeds),
                                                     "seconds_each": optimizer.snapshot_seconds,
                                                     "processes": optimizer.judge_processes,
-                                                    "robot": "the learner's own (no robot time)"},
+                                                    "robot": _judge_robot(settings)},
                "wall_time_s": time.perf_counter() - start, "judge_time_s": result.judge_time, "robot_time_s": 0.0,
                "policy": str(policy_file)}
     (out / "polish.json").write_text(json.dumps(summary, indent=1))
@@ -352,6 +352,12 @@ def confirm_round(source: PolishSource, settings: PolishSettings, round_index: i
     return {"confirm_seeds": list(seeds), "confirm_start": start, "confirm_kept": kept}
 
 
+def _judge_robot(settings: PolishSettings) -> str:
+    """What the judge ran on, for polish.json."""
+    robot = f"robot profile {settings.judge_profile}" if settings.judge_profile else "the learner's own"
+    return robot + " (no robot time)"
+
+
 def _judged_policy(config, settings: PolishSettings, file: Path) -> TorchPolicy:
     """The policy in ``file`` as the polish judges it: its bound raised to ``settings.u_max`` when given."""
     policy = load_policy(file, robot=config.robot.robot, torque_limit=config.robot.torque_limit)
@@ -389,17 +395,20 @@ def policy_pool(config, numpy_policy, model: DynamicsModel | None = None, judge_
     controller of ``config`` around it (the band's LQR, damping), on every pool seed
     (``initial_state.disturbance_seeds``): the hand-overs as the protocol produces them for this policy. Simulated
     on the prior's plant as the trials' own pool is (``config.model_robot``), or with ``model`` on the robot the
-    judge runs on (:func:`protocol.on_model`, or ``judge_profile`` when named). No robot time."""
+    judge runs on (:func:`protocol.on_model`, or ``judge_profile`` when named; several: each one's states, in
+    the order named). No robot time."""
     from ..control import build_controller
     from .learner import post_disturbance_states
-    from .protocol import on_model
+    from .protocol import judge_profiles, on_model
 
     seeds = config.initial_state.disturbance_seeds
     if not seeds:
         raise ValueError("polish: a policy pool needs initial_state.disturbance_seeds in the training config")
     policy = replace(numpy_policy, control_period=config.robot.policy_period)
-    robot, profile = (config.model_robot, None) if model is None else on_model(config, model, judge_profile)
-    states, _ = post_disturbance_states(build_controller(config.robot, policy), robot, seeds, profile=profile)
+    robots = ([(config.model_robot, None)] if model is None else
+              [on_model(config, model, name) for name in judge_profiles(judge_profile)])
+    states = np.concatenate([post_disturbance_states(build_controller(config.robot, policy), robot, seeds,
+                                                     profile=profile)[0] for robot, profile in robots])
     LOG.info("polish: %d post-disturbance starts from the policy's own protocol on %s (seeds %s)", len(states),
              "the prior's plant" if model is None else "the judge's robot", ", ".join(str(s) for s in seeds))
     return states
@@ -413,13 +422,24 @@ def polish_config(config, settings: PolishSettings):
         config = replace(config, robot=_controller_config(config.robot, settings),
                          prior_plant=config.model_robot.plant)
     if settings.judge_profile:
-        _check_judge_profile(settings.judge_profile, config)
+        for name in _judge_profiles(settings.judge_profile):
+            _check_judge_profile(name, config)
     if settings.u_max <= 0:
         return config
     if settings.u_max > config.robot.torque_limit:
         raise ValueError(f"polish: u_max {settings.u_max} N m exceeds the torque limit "
                          f"{config.robot.torque_limit} N m")
     return replace(config, robot=replace(config.robot, u_max=max(config.robot.u_max, settings.u_max)))
+
+
+def _judge_profiles(spec: str) -> list[str]:
+    """:func:`protocol.judge_profiles`, its error as the polish's setting."""
+    from .protocol import judge_profiles
+
+    try:
+        return judge_profiles(spec)
+    except ValueError as exc:
+        raise ValueError(f"polish: {exc}") from exc
 
 
 def _check_judge_profile(spec: str, config) -> None:
