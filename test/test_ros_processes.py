@@ -81,9 +81,12 @@ def test_controller_balances_the_simulated_robot_across_processes(tmp_path):
         wait_for(lambda: len(observer.received) > 10, 20, "joint_states from the simulated robot")
         assert r.call(enable, SetBool.Request(data=True), timeout=20).success
         wait_for(lambda: len(commands.received) > 500, 20, "500 commands")
-        state_stamps = {stamp_ns(m) for m in observer.received}
         answers = [c for c in commands.received[-100:] if c.header.frame_id != "safe"]  # not watchdog zeros
-        assert answers and all(stamp_ns(c) in state_stamps for c in answers)  # each answers a state
+        assert answers
+        newest = max(stamp_ns(c) for c in answers)      # its state may reach the observer after its answer does
+        wait_for(lambda: any(stamp_ns(m) >= newest for m in observer.received), 10, "the states the commands answer")
+        state_stamps = {stamp_ns(m) for m in observer.received}
+        assert all(stamp_ns(c) in state_stamps for c in answers)  # each answers a state
         assert all(c.effort[1] == 0.0 for c in commands.received)
         last = observer.received[-1]
         assert abs(last.position[0] - math.pi) < 0.05 and abs(last.position[1]) < 0.05   # balanced upright
