@@ -58,3 +58,44 @@ def test_every_pin_installs_on_the_oldest_supported_python():
         if not SpecifierSet(requires).contains(oldest):
             unfit.append(f"{line} (Requires-Python {requires})")
     assert not unfit, f"not installable on Python {oldest}: {unfit}"
+
+
+def _heading_anchors(markdown: Path) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading numbered -1, -2, ...; headings inside fenced code blocks are not headings."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in markdown.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        match = re.match(r"^#{1,6}\s+(.*)", line)
+        if fenced or not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _broken_links(markdown: Path) -> list[str]:
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", markdown.read_text(encoding="utf-8")):
+        if re.match(r"^[a-z]+:", link):           # http(s):, mailto: ... not checked (no network in tests)
+            continue
+        path, _, anchor = link.partition("#")
+        target = (markdown.parent / path).resolve() if path else markdown
+        if not target.exists():
+            broken.append(f"{markdown.relative_to(REPO)}: {link} (no such file)")
+        elif anchor and target.suffix == ".md" and anchor not in _heading_anchors(target):
+            broken.append(f"{markdown.relative_to(REPO)}: {link} (no such heading)")
+    return broken
+
+
+def test_the_readme_and_docs_link_only_to_files_and_headings_that_exist():
+    """Every relative link of the README and docs/ resolves from the file it is in (docs/ links are relative to
+    docs/), and every #anchor names a heading of its target, as GitHub renders them."""
+    assert _heading_anchors(REPO / "README.md") >= {"mcpilco_ros", "learning-the-robot-it-is-given-issue-15"}
+    broken = [b for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))] for b in _broken_links(md)]
+    assert not broken, "\n".join(broken)
