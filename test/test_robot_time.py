@@ -64,6 +64,36 @@ def test_the_prior_model_is_named_by_the_training_config_and_the_controller_keep
         load_train_config(settings)
 
 
+def test_the_prior_may_come_from_a_design_robots_plant_models_file_and_travels_with_the_run(tmp_path):
+    """``prior_models_file`` (relative to the training file): the prior with links identified from trials
+    (``mcpilco identify --mechanics --write``); the run keeps a copy and reloads the same prior from it."""
+    from mcpilco_core.learning.runs import PRIOR_MODELS_FILE, RunDirectory
+
+    design = tmp_path / "design"
+    design.mkdir()
+    (design / "plant_models.yaml").write_text(
+        "models:\n  my_links:\n    m: [0.5, 0.65]\n    l: [0.2, 0.3]\n    r: [0.19, 0.25]\n"
+        "    I: [0.034, 0.051]\n    Ir: 5.0e-05\n    gr: 6.0\n    b: [0.001, 0.0007]\n"
+        "    cf: [0.158, 0.12]\n    g: 9.81\n")
+    settings = tmp_path / "train.yaml"
+    settings.write_text(f"base: {TINY}\nprior_model: my_links\nprior_models_file: design/plant_models.yaml\n")
+    config = load_train_config(settings)
+    nominal = load_train_config(TINY)
+    assert config.model_robot.plant.m == (0.5, 0.65) and config.model_robot.plant.cf == (0.158, 0.12)
+    assert config.robot.fingerprint() == nominal.robot.fingerprint()      # the controller's config is untouched
+    run = RunDirectory(tmp_path / "run")
+    run.create(config, resume=False)
+    (design / "plant_models.yaml").unlink()                               # the run no longer needs the original
+    assert (run.root / PRIOR_MODELS_FILE).is_file()
+    assert run.load_config().model_robot.plant == config.model_robot.plant
+    settings.write_text(f"base: {TINY}\nprior_models_file: design/plant_models.yaml\n")
+    with pytest.raises(Exception, match="prior_models_file.*prior_model is not set"):
+        load_train_config(settings)
+    settings.write_text(f"base: {TINY}\nprior_model: my_links\nprior_models_file: design/nothing.yaml\n")
+    with pytest.raises(Exception, match="prior_models_file.*no such plant-models file"):
+        load_train_config(settings)
+
+
 def test_a_disturbance_trial_torques_the_passive_joint_only_inside_its_window(pendubot_config):
     """The trial starts with the protocol's 0.2 s reset PID on both motors; outside it the passive joint gets
     exactly 0, inside both joints stay within the reset limit; the learner never sees the window."""

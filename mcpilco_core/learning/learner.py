@@ -117,6 +117,8 @@ class TrainConfig:
     evaluation_seeds: tuple[int, ...] = (100,)
     progress: bool = True
     prior_plant: PlantParameters | None = None    # the GP's prior model (None: the robot config's plant)
+    prior_models_file: str | None = None          # the plant-models file prior_model is read from, when the training
+                                                  # file names one (None: plant_models.yaml beside the robot config)
     robot_profile: str = "nominal"                # the simulated robot the trials run on (config/robot_profiles.yaml)
     polish: PolishSettings = field(default_factory=PolishSettings)   # `mcpilco polish` (no robot time)
 
@@ -161,7 +163,8 @@ class TrainConfig:
 
 _TOP_KEYS = ["robot_config", "seed", "device", "threads", "parallel", "dtype", "backward_matmul", "rollout", "trials",
              "exploration", "trial_duration", "horizon", "particles", "policy", "gp", "optimizer", "cost",
-             "initial_state", "evaluation", "progress", "prior_model", "robot_profile", "polish"]
+             "initial_state", "evaluation", "progress", "prior_model", "prior_models_file", "robot_profile",
+             "polish"]
 
 
 def auto_threads() -> int:
@@ -281,7 +284,8 @@ def load_train_config(path: str | Path, robot: str | None = None,
         cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
-        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path),
+        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, path, robot_path),
+        prior_models_file=_prior_models_file(r, path),
         robot_profile=_robot_profile(r, path, robot_profile), polish=_polish_settings(r.sub("polish")))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
@@ -333,12 +337,27 @@ def _robot_profile(r: ConfigReader, path: Path, override: str | None) -> str:
     return spec
 
 
-def _prior_plant(r: ConfigReader, robot_path: Path) -> PlantParameters | None:
+def _prior_plant(r: ConfigReader, path: Path, robot_path: Path) -> PlantParameters | None:
     """``prior_model: model_1.0``: a model of the plant-models file beside the robot config (default: the robot
-    config's own plant, e.g. model_1.1 -- what a user has before identifying the robot)."""
+    config's own plant, e.g. model_1.1 -- what a user has before identifying the robot), or of
+    ``prior_models_file`` (e.g. the plant of a design robot, ``mcpilco identify --mechanics --write
+    design/robot.yaml``: the prior then has the links identified from the first trials)."""
     if not r.has("prior_model"):
+        if r.has("prior_models_file"):
+            raise ConfigError(path, "prior_models_file", "names the file of prior_model, but prior_model is not set")
         return None
-    return load_plant_parameters(robot_path.parent / PLANT_MODELS_FILE, r.string("prior_model"))
+    models_file = _prior_models_file(r, path)
+    return load_plant_parameters(models_file or robot_path.parent / PLANT_MODELS_FILE, r.string("prior_model"))
+
+
+def _prior_models_file(r: ConfigReader, path: Path) -> str | None:
+    """``prior_models_file``, relative to the training file, as an absolute path (None when not set)."""
+    if not r.has("prior_models_file"):
+        return None
+    models_file = (path.parent / r.string("prior_models_file")).resolve()
+    if not models_file.is_file():
+        raise ConfigError(path, "prior_models_file", f"no such plant-models file: {models_file}")
+    return str(models_file)
 
 
 def _int_list(reader: ConfigReader, key: str, default: list[int]) -> list[int]:

@@ -44,6 +44,7 @@ from .optimizer import OptimizationResult
 
 LOG = logging.getLogger("mcpilco.runs")
 INITIAL_POLICY = "initial_policy.npz"   # a copy of the training file's policy.initial, when it names one
+PRIOR_MODELS_FILE = "prior_plant_models.yaml"   # a copy of the training file's prior_models_file, when it names one
 
 
 class RunError(RuntimeError):
@@ -150,11 +151,15 @@ class RunDirectory:
         return _differences(_plain(asdict(before)), _plain(asdict(config.robot)), skip=("source",))
 
     def _copy_train_config(self, config: TrainConfig) -> None:
-        """The training file as given, or with a ``base``, another ``seed`` (``mcpilco train --seed``) or an
-        initial policy (copied into the run as ``initial_policy.npz``) the resolved settings (the run stays
-        self-describing)."""
+        """The training file as given, or with a ``base``, another ``seed`` (``mcpilco train --seed``), an
+        initial policy (copied into the run as ``initial_policy.npz``) or a ``prior_models_file`` (copied as
+        ``prior_plant_models.yaml``) the resolved settings (the run stays self-describing)."""
         target = self.root / "train_config.yaml"
         mapping, notes = resolved_train_mapping(config)
+        if config.prior_models_file:       # the prior's plant-models file travels with the run, as the robot's does
+            shutil.copyfile(config.prior_models_file, self.root / PRIOR_MODELS_FILE)
+            mapping["prior_models_file"] = PRIOR_MODELS_FILE
+            notes.append(f"prior_models_file {config.prior_models_file} copied into the run")
         if not notes and not config.initial_policy:
             shutil.copyfile(config.source, target)
             return
