@@ -81,6 +81,11 @@ def test_the_prior_may_come_from_a_design_robots_plant_models_file_and_travels_w
     nominal = load_train_config(TINY)
     assert config.model_robot.plant.m == (0.5, 0.65) and config.model_robot.plant.cf == (0.158, 0.12)
     assert config.robot.fingerprint() == nominal.robot.fingerprint()      # the controller's config is untouched
+    from mcpilco_core.learning.retrain import resolved_train_config
+    elsewhere = tmp_path / "retrain" / "train_config.yaml"     # a retrain's copy loads from its own directory
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(resolved_train_config(config), encoding="utf-8")
+    assert load_train_config(elsewhere).model_robot.plant == config.model_robot.plant
     run = RunDirectory(tmp_path / "run")
     run.create(config, resume=False)
     (design / "plant_models.yaml").unlink()                               # the run no longer needs the original

@@ -208,8 +208,8 @@ def read_train_mapping(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
 
 def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
     """The training file of ``config`` with its ``base`` merged in, the config's own seed (``--seed``), robot
-    profile (``--robot-profile``) and initial policy as an absolute path, and notes on what differs from the file
-    as written."""
+    profile (``--robot-profile``), and initial policy and prior plant-models file as absolute paths, and notes on
+    what differs from the file as written."""
     source = Path(config.source)
     written = read_yaml(source) or {}
     mapping = read_train_mapping(source)
@@ -224,6 +224,8 @@ def resolved_train_mapping(config: TrainConfig) -> tuple[dict, list[str]]:
         notes.append(f"robot_profile {config.robot_profile} from the command line")
     if config.initial_policy:
         mapping["policy"] = {**mapping.get("policy", {}), "initial": config.initial_policy}
+    if config.prior_models_file:       # written relative to the training file: absolute, so it loads from elsewhere
+        mapping["prior_models_file"] = config.prior_models_file
     return mapping, notes
 
 
@@ -262,6 +264,7 @@ def load_train_config(path: str | Path, robot: str | None = None,
     pol.reject_unknown(["num_basis", "center_dq_range", "u_max", "initial_lengthscales", "initial"])
     ev = r.sub("evaluation")
     ev.reject_unknown(["seeds"])
+    prior_models_file = _prior_models_file(r, path)
     config = TrainConfig(
         robot=robot_cfg, source=str(path), seed=r.integer("seed", d.seed, minimum=0),
         device=r.string("device", d.device, choices=["cpu", "cuda"]), threads=threads,
@@ -284,8 +287,8 @@ def load_train_config(path: str | Path, robot: str | None = None,
         cost=_cost_settings(r.sub("cost"), robot_cfg),
         initial_state=_initial_state_settings(r.sub("initial_state")),
         evaluation_seeds=tuple(_int_list(ev, "seeds", list(d.evaluation_seeds))),
-        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, path, robot_path),
-        prior_models_file=_prior_models_file(r, path),
+        progress=r.boolean("progress", d.progress), prior_plant=_prior_plant(r, robot_path, prior_models_file),
+        prior_models_file=prior_models_file,
         robot_profile=_robot_profile(r, path, robot_profile), polish=_polish_settings(r.sub("polish")))
     if config.exploration_amplitude > robot_cfg.torque_limit:
         raise ConfigError(path, "exploration.amplitude", f"exceeds the torque limit {robot_cfg.torque_limit} N m")
@@ -337,16 +340,14 @@ def _robot_profile(r: ConfigReader, path: Path, override: str | None) -> str:
     return spec
 
 
-def _prior_plant(r: ConfigReader, path: Path, robot_path: Path) -> PlantParameters | None:
+def _prior_plant(r: ConfigReader, robot_path: Path, models_file: str | None) -> PlantParameters | None:
     """``prior_model: model_1.0``: a model of the plant-models file beside the robot config (default: the robot
     config's own plant, e.g. model_1.1 -- what a user has before identifying the robot), or of
     ``prior_models_file`` (e.g. the plant of a design robot, ``mcpilco identify --mechanics --write
-    design/robot.yaml``: the prior then has the links identified from the first trials)."""
+    design/robot.yaml``: the prior then has the links identified from the first trials; ``models_file``, see
+    ``_prior_models_file``)."""
     if not r.has("prior_model"):
-        if r.has("prior_models_file"):
-            raise ConfigError(path, "prior_models_file", "names the file of prior_model, but prior_model is not set")
         return None
-    models_file = _prior_models_file(r, path)
     return load_plant_parameters(models_file or robot_path.parent / PLANT_MODELS_FILE, r.string("prior_model"))
 
 
@@ -354,6 +355,8 @@ def _prior_models_file(r: ConfigReader, path: Path) -> str | None:
     """``prior_models_file``, relative to the training file, as an absolute path (None when not set)."""
     if not r.has("prior_models_file"):
         return None
+    if not r.has("prior_model"):
+        raise ConfigError(path, "prior_models_file", "names the file of prior_model, but prior_model is not set")
     models_file = (path.parent / r.string("prior_models_file")).resolve()
     if not models_file.is_file():
         raise ConfigError(path, "prior_models_file", f"no such plant-models file: {models_file}")
