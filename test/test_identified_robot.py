@@ -305,7 +305,8 @@ def test_mcpilco_identify_mechanics_prints_and_writes_the_fitted_links(proxy_run
     printed = capsys.readouterr().out
     config = RunDirectory(proxy_run).load_config()
     lengths = config.model_robot.plant.l
-    assert "mechanics: m " in printed and f"lengths {lengths[0]:g} / {lengths[1]:g} m kept" in printed
+    assert "mechanics: m " in printed and f"lengths {lengths[0]:g} / {lengths[1]:g} m, the prior's" in printed
+    assert "measure the robot's" in printed
     written = load_robot_profile(out).plant_parameters(config.robot)
     masses = printed.split("mechanics: m ")[1].split(" kg")[0]
     assert masses == f"{written.m[0]:.4g} / {written.m[1]:.4g}" and written.l == config.model_robot.plant.l

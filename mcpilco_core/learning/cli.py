@@ -174,7 +174,9 @@ def register(subparsers) -> None:
                    help="write a robot profile file; its plant goes into plant_models.yaml beside it (added)")
     p.add_argument("--mechanics", action="store_true",
                    help="fit the links' masses, centre-of-mass distances and inertias too (within 0.5-1.5 times the "
-                        "prior's; the lengths stay): for a robot whose links differ from the prior's")
+                        "prior's; the lengths are not fitted but taken from the prior: measure them and name a "
+                        "prior with them, prior_model + prior_models_file): for a robot whose links differ from the "
+                        "prior's")
     p.set_defaults(func=_run_identify)
 
     p = subparsers.add_parser("mirror", help="write a policy's mirror image, pi'(x) = -pi(x mirrored): a free "
@@ -448,7 +450,8 @@ def _run_identify(args: argparse.Namespace) -> int:
     if args.mechanics:
         p = found.plant
         print(f"  mechanics: m {p.m[0]:.4g} / {p.m[1]:.4g} kg, r {p.r[0]:.4g} / {p.r[1]:.4g} m, "
-              f"I {p.I[0]:.4g} / {p.I[1]:.4g} kg m^2 (lengths {p.l[0]:g} / {p.l[1]:g} m kept)")
+              f"I {p.I[0]:.4g} / {p.I[1]:.4g} kg m^2 (lengths {p.l[0]:g} / {p.l[1]:g} m, the prior's: the fit takes "
+              "them as given: measure the robot's and put them in the prior's plant file)")
     if args.write is not None:
         try:
             models = write_profile(found, args.write, f"identified from {args.run} ({len(recordings)} trial(s))")
