@@ -439,6 +439,12 @@ class LqrConfig:
     gain_scale: tuple[float, float, float, float] = setting(
         "factors on the LQR's gains of q1, q2, dq1, dq2 (1 = the Riccati solution's; other values e.g. tuned for the "
         "catch on a design robot)", (1.0, 1.0, 1.0, 1.0), positive=True, high=10.0)
+    plant_model: str = setting("the plant the LQR and its ROA estimate are designed on: a model of plant_models_file, "
+                               "e.g. one with the robot's measured links ('' = the robot config's plant, which also "
+                               "places the score's line and drives the reset)", "")
+    plant_models_file: str = setting("plant models YAML of plant_model, relative to the robot file",
+                                     "plant_models.yaml")
+    plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
 
 @dataclass(frozen=True)
@@ -662,6 +668,10 @@ class RobotConfig(RobotJoints):
         data.pop("source", None)
         if tuple(self.lqr.gain_scale) == (1.0, 1.0, 1.0, 1.0):   # the Riccati gains: as before the option existed
             data["lqr"].pop("gain_scale")
+        for key in ("plant_model", "plant_models_file"):         # the LQR's plant counts by its parameters
+            data["lqr"].pop(key)
+        if self.lqr.plant is None:                                 # the config's plant: as before the option existed
+            data["lqr"].pop("plant")
         if not self.friction_compensation.enabled:      # off: the same controller as before the option existed
             data.pop("friction_compensation")
         if self.dither.amplitude <= 0.0:                # off: likewise
@@ -738,7 +748,7 @@ def robot_config_from_mapping(params: Mapping[str, Any], source: str | Path | No
     catch = _catch_config(reader, values["control_period"], roa)
     selection = _selection_config(reader, values["control_period"], values["policy_period"], catch, dither,
                                   base_dir)
-    return RobotConfig(plant=plant, lqr=_section(reader, "lqr", LqrConfig), roa=roa,
+    return RobotConfig(plant=plant, lqr=_lqr_config(reader, base_dir), roa=roa,
                        damping=_damping_config(reader.sub("damping")),
                        friction_compensation=_section(reader, "friction_compensation", FrictionCompensationConfig),
                        dither=dither, catch=catch, selection=selection,
@@ -750,6 +760,20 @@ def whole_periods(period: float, control_period: float) -> bool:
     """Whether ``period`` (s) is one or more whole control periods: the controller acts only when a state comes."""
     periods = period / control_period
     return abs(periods - round(periods)) <= 1e-6 and round(periods) >= 1
+
+
+def _lqr_config(reader: ConfigReader, base_dir: Path | None) -> LqrConfig:
+    """The ``lqr`` section, its ``plant_model`` read from ``plant_models_file`` (relative to the robot file)."""
+    lqr = _section(reader, "lqr", LqrConfig)
+    if not lqr.plant_model:
+        return lqr
+    source = reader.source
+    models_file = _models_file(source, "lqr.plant_models_file", base_dir, lqr.plant_models_file)
+    try:
+        plant = load_plant_parameters(models_file, lqr.plant_model)
+    except ConfigError as exc:
+        raise ConfigError(source, "lqr.plant_model", str(exc)) from exc
+    return replace(lqr, plant=plant)
 
 
 def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -> CatchConfig:

@@ -123,13 +123,12 @@ def _add_roa(subparsers) -> None:
 
 def _run_roa(args: argparse.Namespace) -> int:
     from mcpilco_core.config import load_robot_config
-    from mcpilco_core.control import configured_lqr, region_of_attraction
+    from mcpilco_core.control import configured_lqr, lqr_plant, region_of_attraction
     from mcpilco_core.control.roa import cache_paths
     from mcpilco_core.evaluation import config_path_for
-    from mcpilco_core.plant import DoublePendulum
 
     config = load_robot_config(config_path_for(args.robot, args.config))
-    plant = DoublePendulum(config.plant)
+    plant = lqr_plant(config)
     design = configured_lqr(plant, config)
     if args.recompute:
         for path in cache_paths(config):

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -455,3 +456,52 @@ def test_lqr_gain_scale_scales_the_feedback_only(repo, tmp_path):
         with pytest.raises(ConfigError, match=r"lqr\.gain_scale") as info:
             with_scale(bad)
         assert words in str(info.value)
+
+
+def test_the_lqr_may_be_designed_on_its_own_plant_while_the_score_keeps_the_configs(repo, tmp_path):
+    """lqr.plant_model: the LQR and its ROA estimate come from the named plant (e.g. the robot's measured links); the
+    config's plant, which places the score's line and drives the reset, stays; without it the design and the
+    fingerprint (the ROA cache) are as before; a bad name or file is refused naming the field; a run copies the file."""
+    import shutil
+
+    import yaml
+
+    from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_config
+    from mcpilco_core.control import configured_lqr, lqr_plant
+    from mcpilco_core.learning.runs import RunDirectory
+
+    models = tmp_path / "measured.yaml"
+    nominal = yaml.safe_load((repo / "config" / "plant_models.yaml").read_text())["models"]["model_1.1"]
+    models.write_text(yaml.safe_dump({"models": {"measured": {**nominal, "l": [0.186, 0.327]}}}))
+    shutil.copyfile(repo / "config" / "plant_models.yaml", tmp_path / "plant_models.yaml")
+
+    def config_with(**lqr):
+        data = yaml.safe_load((repo / "config" / "acrobot.yaml").read_text())
+        data["/**"]["ros__parameters"]["lqr"].update(lqr)
+        path = tmp_path / "acrobot.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return load_robot_config(path)
+
+    shipped = load_robot_config(repo / "config" / "acrobot.yaml")
+    plain = config_with()
+    assert plain.lqr.plant is None and plain.fingerprint() == shipped.fingerprint()
+    assert lqr_plant(plain).params == shipped.plant
+    own = config_with(plant_model="measured", plant_models_file="measured.yaml")
+    assert own.lqr.plant == load_plant_parameters(models, "measured") and own.lqr.plant.l == (0.186, 0.327)
+    assert own.plant == shipped.plant                      # the score's line and the reset: the config's plant
+    assert own.fingerprint() != shipped.fingerprint()     # its own ROA estimate
+    expected = configured_lqr(DoublePendulum(own.lqr.plant), own).K
+    assert not np.allclose(expected, configured_lqr(DoublePendulum(own.plant), own).K)
+    supervisor = build_controller(dataclasses.replace(own, roa=dataclasses.replace(own.roa, rho=1.0)))
+    np.testing.assert_array_equal(supervisor.design.K, expected)
+    with pytest.raises(ConfigError, match="lqr.plant_model"):
+        config_with(plant_model="no_such_model", plant_models_file="measured.yaml")
+    with pytest.raises(ConfigError, match="lqr.plant_models_file"):
+        config_with(plant_model="measured", plant_models_file="missing.yaml")
+
+    own = config_with(plant_model="measured", plant_models_file="measured.yaml")   # the file as a run would copy it
+    run = RunDirectory(tmp_path / "run")
+    run.root.mkdir()
+    shutil.copyfile(own.source, run.root / "robot_config.yaml")
+    run._copy_plant_models(Path(own.source))
+    assert load_robot_config(run.root / "robot_config.yaml").lqr.plant == own.lqr.plant

@@ -16,13 +16,14 @@ from .roa import RoaEstimate, region_of_attraction
 from .supervisor import MODES, Supervisor
 
 __all__ = ["LqrDesign", "MODES", "RoaEstimate", "Supervisor", "build_controller", "configured_lqr", "design_lqr",
-           "load_bank", "load_controller", "region_of_attraction"]
+           "load_bank", "load_controller", "lqr_plant", "region_of_attraction"]
 
 
 def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None,
                      use_roa_cache: bool = True) -> Supervisor:
-    """The supervisor for ``config``: LQR + ROA + damping, and the swing-up ``policy`` when given."""
-    plant = DoublePendulum(config.plant)
+    """The supervisor for ``config``: LQR + ROA + damping, and the swing-up ``policy`` when given. The LQR and its
+    ROA estimate are designed on ``lqr.plant_model`` when the config names one, else on the config's plant."""
+    plant = lqr_plant(config)
     design = configured_lqr(plant, config)
     roa = region_of_attraction(config, plant, design, use_cache=use_roa_cache)
     if policy is not None and policy.robot != config.robot:
@@ -30,6 +31,11 @@ def build_controller(config: RobotConfig, policy: SumOfGaussiansPolicy | None = 
     if isinstance(policy, SumOfGaussiansPolicy):
         check_period(policy, config.policy_period)  # PolicyError: it would run at another rate than it was made for
     return Supervisor(config, design, roa.rho, policy, load_bank(config, policy))
+
+
+def lqr_plant(config: RobotConfig) -> DoublePendulum:
+    """The plant the LQR and its ROA estimate are designed on: ``lqr.plant_model``'s, else the config's."""
+    return DoublePendulum(config.lqr.plant or config.plant)
 
 
 def load_bank(config: RobotConfig, policy: SumOfGaussiansPolicy | None = None) -> list[SumOfGaussiansPolicy]:

@@ -174,12 +174,15 @@ class RunDirectory:
         """Copy the plant-models file a robot config names by a relative path beside the copied config, so
         ``robot_config.yaml`` of the run loads on its own (e.g. ``mcpilco evaluate --config runs/NAME/...``)."""
         params = unwrap_ros_parameters(read_yaml(robot_source), robot_source)
-        if "plant" in params:
-            return
-        name = Path(str(params.get("plant_models_file", PLANT_MODELS_FILE)))
-        if not name.is_absolute() and (robot_source.parent / name).is_file():
-            (self.root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(robot_source.parent / name, self.root / name)
+        names = [] if "plant" in params else [params.get("plant_models_file", PLANT_MODELS_FILE)]
+        for section in ("lqr", "selection"):             # their own plant models, when they name one
+            sub = params.get(section)
+            if isinstance(sub, dict) and sub.get("plant_model"):
+                names.append(sub.get("plant_models_file", PLANT_MODELS_FILE))
+        for name in map(Path, map(str, names)):
+            if not name.is_absolute() and (robot_source.parent / name).is_file():
+                (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(robot_source.parent / name, self.root / name)
 
     def load_config(self) -> TrainConfig:
         """The run's training configuration from its own copies (train_config.yaml with robot_config.yaml)."""
