@@ -765,15 +765,7 @@ def whole_periods(period: float, control_period: float) -> bool:
 def _lqr_config(reader: ConfigReader, base_dir: Path | None) -> LqrConfig:
     """The ``lqr`` section, its ``plant_model`` read from ``plant_models_file`` (relative to the robot file)."""
     lqr = _section(reader, "lqr", LqrConfig)
-    if not lqr.plant_model:
-        return lqr
-    source = reader.source
-    models_file = _models_file(source, "lqr.plant_models_file", base_dir, lqr.plant_models_file)
-    try:
-        plant = load_plant_parameters(models_file, lqr.plant_model)
-    except ConfigError as exc:
-        raise ConfigError(source, "lqr.plant_model", str(exc)) from exc
-    return replace(lqr, plant=plant)
+    return replace(lqr, plant=_section_plant(reader.source, "lqr", base_dir, lqr.plant_model, lqr.plant_models_file))
 
 
 def _catch_config(reader: ConfigReader, control_period: float, roa: RoaConfig) -> CatchConfig:
@@ -835,14 +827,22 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
     for bank in banks:
         if not bank.is_dir():
             raise ConfigError(source, "selection.bank", f"no such directory: {bank}")
-    plant = None
-    if selection.plant_model:
-        models_file = _models_file(source, "selection.plant_models_file", base_dir, selection.plant_models_file)
-        try:
-            plant = load_plant_parameters(models_file, selection.plant_model)
-        except ConfigError as exc:
-            raise ConfigError(source, "selection.plant_model", str(exc)) from exc
-    return replace(selection, bank=BANK_SEPARATOR.join(str(bank.resolve()) for bank in banks), plant=plant)
+    return replace(selection, bank=BANK_SEPARATOR.join(str(bank.resolve()) for bank in banks),
+                   plant=_section_plant(source, "selection", base_dir, selection.plant_model,
+                                        selection.plant_models_file))
+
+
+def _section_plant(source: str | Path | None, section: str, base_dir: str | Path | None, model: str,
+                   models_file: str) -> PlantParameters | None:
+    """The plant a section names by ``plant_model`` in ``plant_models_file`` (relative to the robot file; None when
+    ``model`` is ''); ConfigError naming ``<section>.plant_model`` or ``<section>.plant_models_file``."""
+    if not model:
+        return None
+    path = _models_file(source, f"{section}.plant_models_file", base_dir, models_file)
+    try:
+        return load_plant_parameters(path, model)
+    except ConfigError as exc:
+        raise ConfigError(source, f"{section}.plant_model", str(exc)) from exc
 
 
 def _section(reader: ConfigReader, key: str, cls: type) -> Any:

@@ -67,6 +67,7 @@ def test_the_prior_model_is_named_by_the_training_config_and_the_controller_keep
 def test_the_prior_may_come_from_a_design_robots_plant_models_file_and_travels_with_the_run(tmp_path):
     """``prior_models_file`` (relative to the training file): the prior with links identified from trials
     (``mcpilco identify --mechanics --write``); the run keeps a copy and reloads the same prior from it."""
+    from mcpilco_core.learning.retrain import resolved_train_config
     from mcpilco_core.learning.runs import PRIOR_MODELS_FILE, RunDirectory
 
     design = tmp_path / "design"
@@ -81,7 +82,6 @@ def test_the_prior_may_come_from_a_design_robots_plant_models_file_and_travels_w
     nominal = load_train_config(TINY)
     assert config.model_robot.plant.m == (0.5, 0.65) and config.model_robot.plant.cf == (0.158, 0.12)
     assert config.robot.fingerprint() == nominal.robot.fingerprint()      # the controller's config is untouched
-    from mcpilco_core.learning.retrain import resolved_train_config
     elsewhere = tmp_path / "retrain" / "train_config.yaml"     # a retrain's copy loads from its own directory
     elsewhere.parent.mkdir()
     elsewhere.write_text(resolved_train_config(config), encoding="utf-8")
