@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -878,3 +879,26 @@ def load_robot_config(path: str | Path, node: str | None = None) -> RobotConfig:
     path = Path(path)
     params = unwrap_ros_parameters(read_yaml(path), path, node)
     return robot_config_from_mapping(params, path, path.parent)
+
+
+def copy_robot_config(source: str | Path, directory: str | Path) -> Path:
+    """Copy a robot config into ``directory`` as ``robot_config.yaml`` with the plant-models files it names by a
+    relative path (its own plant's, and the ``lqr`` and ``selection`` sections' when they name a plant), so the copy
+    loads on its own (``mcpilco evaluate --config RUN/robot_config.yaml``). Returns the copy's path.
+
+    Runs and session directories keep such a copy: the robot a policy was learnt or recorded with stays readable
+    after the repository's files have changed or gone."""
+    source, directory = Path(source), Path(directory)
+    target = directory / "robot_config.yaml"
+    shutil.copyfile(source, target)
+    params = unwrap_ros_parameters(read_yaml(source), source)
+    names = [] if "plant" in params else [params.get("plant_models_file", PLANT_MODELS_FILE)]
+    for section_name in ("lqr", "selection"):
+        sub = params.get(section_name)
+        if isinstance(sub, Mapping) and sub.get("plant_model"):
+            names.append(sub.get("plant_models_file", PLANT_MODELS_FILE))
+    for name in map(Path, map(str, names)):
+        if not name.is_absolute() and (source.parent / name).is_file():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source.parent / name, directory / name)
+    return target

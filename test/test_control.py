@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -461,14 +460,15 @@ def test_lqr_gain_scale_scales_the_feedback_only(repo, tmp_path):
 def test_the_lqr_may_be_designed_on_its_own_plant_while_the_score_keeps_the_configs(repo, tmp_path):
     """lqr.plant_model: the LQR and its ROA estimate come from the named plant (e.g. the robot's measured links); the
     config's plant, which places the score's line and drives the reset, stays; without it the design and the
-    fingerprint (the ROA cache) are as before; a bad name or file is refused naming the field; a run copies the file."""
+    fingerprint (the ROA cache) are as before; a bad name or file is refused naming the field;
+    a run's or a session's copy of the config brings the file."""
     import shutil
 
     import yaml
 
-    from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_config
+    from mcpilco_core.config import ConfigError, copy_robot_config, load_plant_parameters, load_robot_config
     from mcpilco_core.control import configured_lqr, lqr_plant
-    from mcpilco_core.learning.runs import RunDirectory
+    from mcpilco_core.recording.session_directory import SessionDirectory
 
     models = tmp_path / "measured.yaml"
     nominal = yaml.safe_load((repo / "config" / "plant_models.yaml").read_text())["models"]["model_1.1"]
@@ -499,9 +499,9 @@ def test_the_lqr_may_be_designed_on_its_own_plant_while_the_score_keeps_the_conf
     with pytest.raises(ConfigError, match="lqr.plant_models_file"):
         config_with(plant_model="measured", plant_models_file="missing.yaml")
 
-    own = config_with(plant_model="measured", plant_models_file="measured.yaml")   # the file as a run would copy it
-    run = RunDirectory(tmp_path / "run")
-    run.root.mkdir()
-    shutil.copyfile(own.source, run.root / "robot_config.yaml")
-    run._copy_plant_models(Path(own.source))
-    assert load_robot_config(run.root / "robot_config.yaml").lqr.plant == own.lqr.plant
+    own = config_with(plant_model="measured", plant_models_file="measured.yaml")   # as runs and sessions copy it
+    (tmp_path / "run").mkdir()
+    copy = copy_robot_config(own.source, tmp_path / "run")
+    assert load_robot_config(copy).lqr.plant == own.lqr.plant and load_robot_config(copy).plant == own.plant
+    session = SessionDirectory.create(tmp_path / "session", own)
+    assert load_robot_config(session.root / "robot_config.yaml").lqr.plant == own.lqr.plant

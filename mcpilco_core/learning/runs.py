@@ -35,7 +35,7 @@ import yaml
 from tqdm import tqdm
 
 from .. import __version__
-from ..config import PLANT_MODELS_FILE, read_yaml, unwrap_ros_parameters
+from ..config import copy_robot_config, read_yaml
 from ..policy import load_policy, save_policy
 from ..simulation import Trajectory
 from . import gp
@@ -129,8 +129,7 @@ class RunDirectory:
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         self._copy_train_config(config)
         if config.robot.source:
-            shutil.copyfile(config.robot.source, self.root / "robot_config.yaml")
-            self._copy_plant_models(Path(config.robot.source))
+            copy_robot_config(config.robot.source, self.root)
         meta = {"run_id": uuid.uuid4().hex[:12], "robot": config.robot.robot, "config_hash": digest,
                 "robot_fingerprint": config.robot.fingerprint(), "package_version": __version__,
                 "robot_profile_fingerprint": profile_fingerprint(config),
@@ -169,20 +168,6 @@ class RunDirectory:
             notes.append(f"policy.initial {config.initial_policy} copied into the run")
         header = f"# resolved from {config.source} ({'; '.join(notes)})\n"
         target.write_text(header + yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8")
-
-    def _copy_plant_models(self, robot_source: Path) -> None:
-        """Copy the plant-models file a robot config names by a relative path beside the copied config, so
-        ``robot_config.yaml`` of the run loads on its own (e.g. ``mcpilco evaluate --config runs/NAME/...``)."""
-        params = unwrap_ros_parameters(read_yaml(robot_source), robot_source)
-        names = [] if "plant" in params else [params.get("plant_models_file", PLANT_MODELS_FILE)]
-        for section in ("lqr", "selection"):             # their own plant models, when they name one
-            sub = params.get(section)
-            if isinstance(sub, dict) and sub.get("plant_model"):
-                names.append(sub.get("plant_models_file", PLANT_MODELS_FILE))
-        for name in map(Path, map(str, names)):
-            if not name.is_absolute() and (robot_source.parent / name).is_file():
-                (self.root / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(robot_source.parent / name, self.root / name)
 
     def load_config(self) -> TrainConfig:
         """The run's training configuration from its own copies (train_config.yaml with robot_config.yaml)."""

@@ -18,7 +18,8 @@ same way. Message time in the bag is the receive time (ns); trial data uses the 
 
     SESSION/session.yaml        robot, config (path + fingerprint), notes, one entry per trial (bag, times,
                                 policy version used, status recording/complete/recovered)
-    SESSION/robot_config.yaml   copy of the robot configuration used
+    SESSION/robot_config.yaml   copy of the robot configuration used, with the plant-models files it names
+                                (config.copy_robot_config: the copy loads on its own)
     SESSION/trial_000/          rosbag2 bag (metadata.yaml + storage file); robot etc. also in custom_data
     SESSION/trial_001.partial/  a trial being recorded (or left by a crash: see recover_session)
 

@@ -5,13 +5,12 @@ Layout: :mod:`mcpilco_core.recording`.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError, RobotConfig, read_yaml
+from ..config import ConfigError, RobotConfig, copy_robot_config, read_yaml
 from .bags import (
     COMMAND_TOPIC,
     DIAGNOSTICS_TOPIC,
@@ -43,7 +42,7 @@ class SessionDirectory:
             return session
         root.mkdir(parents=True, exist_ok=True)
         if config.source and Path(config.source).is_file():
-            shutil.copyfile(config.source, root / "robot_config.yaml")
+            copy_robot_config(config.source, root)       # with its plant-models files: the copy loads on its own
         info = {"robot": config.robot, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "config": {"source": config.source, "fingerprint": config.fingerprint(),
                            "policy_period_s": config.policy_period, "control_period_s": config.control_period,
