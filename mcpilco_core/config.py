@@ -882,16 +882,18 @@ def load_robot_config(path: str | Path, node: str | None = None) -> RobotConfig:
 
 
 def copy_robot_config(source: str | Path, directory: str | Path) -> Path:
-    """Copy a robot config into ``directory`` as ``robot_config.yaml`` with the plant-models files it names by a
-    relative path (its own plant's, and the ``lqr`` and ``selection`` sections' when they name a plant), so the copy
-    loads on its own (``mcpilco evaluate --config RUN/robot_config.yaml``). Returns the copy's path.
+    """Copy a robot config into ``directory`` as ``robot_config.yaml`` with what it names by a relative path: the
+    plant-models files (its own plant's, and the ``lqr`` and ``selection`` sections' when they name a plant) and the
+    selection's bank of candidate policies, so that the copy loads on its own (``mcpilco evaluate --config
+    RUN/robot_config.yaml``, ``RunDirectory.load_config``). Returns the copy's path.
 
     Runs and session directories keep such a copy: the robot a policy was learnt or recorded with stays readable
-    after the repository's files have changed or gone."""
+    after the repository's files have changed or gone. The copy is the file byte for byte, except with a bank: then
+    its policies are copied to ``selection_bank/`` and the copy names them there (rewritten YAML, a header says so)."""
     source, directory = Path(source), Path(directory)
     target = directory / "robot_config.yaml"
-    shutil.copyfile(source, target)
-    params = unwrap_ros_parameters(read_yaml(source), source)
+    data = read_yaml(source)
+    params = unwrap_ros_parameters(data, source)
     names = [] if "plant" in params else [params.get("plant_models_file", PLANT_MODELS_FILE)]
     for section_name in ("lqr", "selection"):
         sub = params.get(section_name)
@@ -901,4 +903,38 @@ def copy_robot_config(source: str | Path, directory: str | Path) -> Path:
         if not name.is_absolute() and (source.parent / name).is_file():
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source.parent / name, directory / name)
+    bank = _copy_selection_bank(params, source.parent, directory)
+    if bank is None:
+        shutil.copyfile(source, target)
+        return target
+    for mapping in [data, *(v["ros__parameters"] for v in data.values()
+                            if isinstance(v, Mapping) and isinstance(v.get("ros__parameters"), Mapping))]:
+        if isinstance(mapping.get("selection"), Mapping) and "bank" in mapping["selection"]:
+            mapping["selection"]["bank"] = bank
+    header = f"# copied from {source}; selection.bank's policies copied into {SELECTION_BANK_DIR}/\n"
+    target.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return target
+
+
+SELECTION_BANK_DIR = "selection_bank"
+
+
+def _copy_selection_bank(params: Mapping[str, Any], base_dir: Path, directory: Path) -> str | None:
+    """Copy each directory of ``selection.bank`` (its ``*.npz`` files, in order) to ``directory/selection_bank/
+    NN_name``; the bank setting naming the copies, or None when there is no bank or one of its directories is
+    missing (the copy then stays the file as it is, which reports the missing directory when loaded)."""
+    selection = params.get("selection")
+    bank = selection.get("bank") if isinstance(selection, Mapping) else None
+    if not bank or not isinstance(bank, str):
+        return None
+    sources = [_beside(base_dir, part.strip()) for part in bank.split(BANK_SEPARATOR)]
+    if not all(part.is_dir() for part in sources):
+        return None
+    copies = []
+    for index, part in enumerate(sources):
+        name = f"{SELECTION_BANK_DIR}/{index:02d}_{part.resolve().name}"
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        for policy in sorted(part.glob("*.npz")):
+            shutil.copyfile(policy, directory / name / policy.name)
+        copies.append(name)
+    return BANK_SEPARATOR.join(copies)

@@ -117,6 +117,31 @@ def test_several_bank_directories_give_their_candidates_in_turn_each_once(tmp_pa
         load_bank(load_robot_config(robot_file(tmp_path, "acrobot", "selection", bank=f"{first}:{tmp_path / 'empty'}")))
 
 
+
+def test_a_run_or_session_copy_of_the_config_brings_the_bank_and_loads_on_its_own(tmp_path):
+    """copy_robot_config (runs and session directories keep one): the shipped selection config names its bank by a
+    path relative to config/, which the copy's folder does not have, so the bank's policies travel into
+    ``selection_bank/`` in order and the copy names them there; it loads with the same candidates in the same order
+    and the same controller otherwise. A config without a bank is copied byte for byte."""
+    from mcpilco_core.config import copy_robot_config
+
+    shipped = load_robot_config(REPO / "config" / "acrobot_select.yaml")
+    (tmp_path / "run").mkdir()
+    copy = load_robot_config(copy_robot_config(REPO / "config" / "acrobot_select.yaml", tmp_path / "run"))
+    assert all(Path(part).is_relative_to((tmp_path / "run" / "selection_bank").resolve())
+               for part in copy.selection.bank.split(":"))
+    before, after = load_bank(shipped), load_bank(copy)
+    assert len(after) == len(before) >= 2
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a.weights, b.weights)
+        np.testing.assert_array_equal(a.centers, b.centers)
+    assert dataclasses.replace(copy, source=None, selection=shipped.selection) == dataclasses.replace(
+        shipped, source=None)
+    (tmp_path / "plain").mkdir()
+    plain = copy_robot_config(REPO / "config" / "acrobot.yaml", tmp_path / "plain")
+    assert plain.read_bytes() == (REPO / "config" / "acrobot.yaml").read_bytes()
+    assert not (tmp_path / "plain" / "selection_bank").exists()
+
 def run(config, policy, seconds: float, finish_steps: bool = False, profile: str = "nominal"):
     """``seconds`` from rest on the robot ``profile``; returns (trajectory, supervisor, selected index per step)."""
     supervisor = build_controller(config, policy)
