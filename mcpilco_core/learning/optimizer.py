@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from .cost import CostSettings, trajectory_cost
-from .model import DynamicsModel, NonFiniteParticlesError, particle_noise, rollout
+from .model import DynamicsModel, NonFiniteParticlesError, denormals_flushed, particle_noise, rollout
 from .parallel import ParticleProcesses, ParticleThreads
 from .torch_policy import TorchPolicy
 
@@ -479,8 +479,9 @@ def optimize_policy(policy: TorchPolicy, model: DynamicsModel,
             noise = particle_noise(steps_horizon, particles, generator, x0.dtype, x0.device)
             try:
                 if threads is None:
-                    loss = trajectory_cost(rollout(model, policy, x0, steps_horizon, None, noise=noise), cost)
-                    loss.backward()
+                    with denormals_flushed():
+                        loss = trajectory_cost(rollout(model, policy, x0, steps_horizon, None, noise=noise), cost)
+                        loss.backward()
                     value = float(loss.detach())
                 else:
                     value = threads.cost_and_gradients(model, policy, x0, noise, steps_horizon, cost)

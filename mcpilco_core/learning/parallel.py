@@ -27,7 +27,7 @@ import torch
 
 from .cost import CostSettings, trajectory_cost
 from .gp import GPPosterior
-from .model import DynamicsModel, NonFiniteParticlesError, rollout
+from .model import DynamicsModel, NonFiniteParticlesError, denormals_flushed, rollout
 from .torch_policy import TorchPolicy
 
 PARALLEL_MODES = ("ops", "particles", "processes")
@@ -36,9 +36,11 @@ PARALLEL_MODES = ("ops", "particles", "processes")
 def share_cost_and_gradients(model: DynamicsModel, policy: TorchPolicy, x0: torch.Tensor, noise: torch.Tensor,
                              steps_horizon: int, cost: CostSettings, weight: float) -> tuple[float, list]:
     """weight * J of one share of the particles and its gradient w.r.t. the policy parameters."""
-    trajectory = rollout(model, policy, x0, steps_horizon, None, noise=noise)
-    loss = trajectory_cost(trajectory, cost) * weight
-    return float(loss.detach()), list(torch.autograd.grad(loss, list(policy.parameters())))
+    with denormals_flushed():
+        trajectory = rollout(model, policy, x0, steps_horizon, None, noise=noise)
+        loss = trajectory_cost(trajectory, cost) * weight
+        grads = list(torch.autograd.grad(loss, list(policy.parameters())))
+    return float(loss.detach()), grads
 
 
 def _shares(particles: int, count: int) -> list[torch.Tensor]:

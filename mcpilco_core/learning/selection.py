@@ -44,7 +44,7 @@ import torch
 from ..policy import load_policy
 from .cost import CostSettings, trajectory_cost
 from .identified_robot import identify_robot
-from .model import DynamicsModel, particle_noise, rollout
+from .model import DynamicsModel, denormals_flushed, particle_noise, rollout
 from .protocol import on_model, protocol_scores
 from .runs import RunDirectory, run_state_recordings
 from .torch_policy import TorchPolicy
@@ -203,7 +203,7 @@ def _rank(root: Path, model_trial: int, model: DynamicsModel, files: dict[int, P
     selection = Selection(str(root), model_trial, particles, horizon, seed)
     for k, path in files.items():
         policy = TorchPolicy.from_numpy(load_policy(path, robot=config.robot.robot), dtype=torch.float64)
-        with torch.no_grad():
+        with torch.no_grad(), denormals_flushed():
             states = rollout(model, policy, x0, steps, None, noise=noise, mode="reference")
         selection.costs[k] = float(trajectory_cost(states, cost))
         selection.files[k] = str(path)
