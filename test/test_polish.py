@@ -1001,3 +1001,17 @@ def test_basis_functions_can_be_added_on_the_post_disturbance_starts_without_cha
     result = polish_module.polish_rounds(source, settings, tmp_path / "rounds", progress=False)
     assert len(load_policy(tmp_path / "rounds" / "round_1" / "policy.npz").weights) == len(policy.weights) + 4
     assert len(load_policy(result.policy_file).weights) == len(policy.weights) + 4   # round 2 added none
+
+
+def test_bench_subnormals_times_a_step_both_ways_on_the_runs_model_and_they_agree(run, tmp_path, capsys):
+    """benchmarks/bench_subnormals.py: one optimisation step on the run's newest model, flushed and IEEE; flushing
+    the kernel's subnormal tails changes the cost by nothing that float32 resolves (no timing is asserted)."""
+    from _bench_helpers import load_benchmark
+
+    out = tmp_path / "subnormals.json"
+    assert load_benchmark("bench_subnormals").main([str(run), "--particles", "8", "--horizon", "0.2",
+                                                    "--steps", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["horizon_steps"] == 10 and result["step_s_flushed"] > 0 and result["step_s_ieee"] > 0
+    assert result["cost_difference"] <= 1e-4
+    assert "flushed" in capsys.readouterr().out
