@@ -482,6 +482,38 @@ def test_the_polish_can_roll_out_on_the_physics_prior_alone(run, tmp_path, monke
     assert json.loads((tmp_path / "p" / "polish.json").read_text())["settings"]["model"] == "prior"
 
 
+
+def test_the_polish_can_roll_out_on_the_prior_with_the_robots_state_rate_friction(run, tmp_path, capsys):
+    """polish.model: robot / --model robot: the physics prior alone (as ``prior``) with the friction and rotor
+    inertia identified at the state rate (gp.identify_robot) and the 20 ms fit's command delay; the run's model is
+    unchanged; a model without the state-rate robot is refused naming gp.identify_robot."""
+    from mcpilco_core.learning.identification import parameters_of, with_parameters
+    from mcpilco_core.learning.identified_robot import IdentifiedRobot
+
+    model = load_source(run).model
+    with pytest.raises(ValueError, match="gp.identify_robot"):
+        polish_module.polish_model(model, "robot")
+    assert polish_module.polish_model(model, "gp") is model
+    robot_plant = with_parameters(model.config.plant, np.array([0.001, 0.002, 0.16, 0.12, 6.3e-5]))
+    model.robot = IdentifiedRobot(plant=robot_plant, delay_steps=2, dt=0.002, motor_responsiveness=0.9,
+                                  measurement_noise=(0.0, 0.0, 0.05, 0.05), torque_noise=0.02, residual=(0.1, 0.1),
+                                  windows=100)
+    model.delay_fraction = 0.2
+    before = (model.prior_constants, parameters_of(model.config.plant))
+    try:
+        on_robot = polish_module.polish_model(model, "robot")
+        assert parameters_of(on_robot.config.plant) == pytest.approx([0.001, 0.002, 0.16, 0.12, 6.3e-5])
+        assert on_robot.prior_constants.friction == ((0, 0.001, 0.16), (1, 0.002, 0.12))
+        assert on_robot.delay_fraction == 0.2 and float(on_robot.posterior.signal.abs().max()) == 0.0
+        assert model.prior_constants == before[0] and list(parameters_of(model.config.plant)) == list(before[1])
+        assert on_robot.prior_constants._replace(friction=before[0].friction, a=before[0].a, m12=before[0].m12,
+                                                 m22=before[0].m22) == before[0]     # only Ir and friction
+    finally:
+        model.robot = None
+    assert cli.main(["polish", str(run), "--steps", "2", "--particles", "8", "--model", "robot",
+                     "--out", str(tmp_path / "r")]) == 2              # this run identified no robot: a clear error
+    assert "gp.identify_robot" in capsys.readouterr().err and not (tmp_path / "r" / "policy.npz").exists()
+
 def test_the_horizon_of_the_polish_is_the_trainings_unless_named(run, tmp_path, monkeypatch, capsys):
     """polish.horizon / --horizon (s): the particles' rollout length; 0 keeps the training horizon. Shorter than one
     policy period, negative or not finite: a clear error, nothing written."""

@@ -154,9 +154,11 @@ def register(subparsers) -> None:
                         "particle caught with chance 1 / (1 + (V / V50)^k) per step costs nothing after; default 0: "
                         "off)")
     p.add_argument("--catch-sharpness", type=float, default=None, help="k of the catch model (default 4)")
-    p.add_argument("--model", choices=["gp", "prior"], default=None,
-                   help="what the particles roll out on: the run's GP model (default) or its physics prior alone "
-                        "(the identified plant with gp.identify; the GP's residual and noise off)")
+    p.add_argument("--model", choices=["gp", "prior", "robot"], default=None,
+                   help="what the particles roll out on: the run's GP model (default), its physics prior alone "
+                        "(the identified plant with gp.identify; the GP's residual and noise off), or that prior "
+                        "with the friction and rotor inertia identified at the state rate (robot: needs "
+                        "gp.identify_robot)")
     p.set_defaults(func=_run_polish)
 
     p = subparsers.add_parser("identify", help="identify the robot from a run's or a session's recorded trials: "
@@ -359,6 +361,7 @@ def _run_polish(args: argparse.Namespace) -> int:
         polish_candidates,
         polish_config,
         polish_horizon,
+        polish_model,
         polish_rounds,
         settings_with,
     )
@@ -393,6 +396,7 @@ def _run_polish(args: argparse.Namespace) -> int:
         files = candidate_policies(args.run, settings.candidates) if settings.candidates > 1 else []
         source = at_policy_period(args.run, source, settings.policy_period)     # refits the model: after the checks
         horizon = polish_horizon(source.config, settings)
+        polish_model(source.model, settings.model)          # refuses --model robot without gp.identify_robot
     except (RunError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -411,6 +415,8 @@ def _run_polish(args: argparse.Namespace) -> int:
           + (f", catch model at {settings.catch_level:g} rho (k {settings.catch_sharpness:g})"
              if settings.catch_level > 0 else "")
           + (", on the physics prior alone (the GP off)" if settings.model == "prior" else "")
+          + (", on the physics prior with the robot's state-rate friction and rotor inertia (the GP off)"
+             if settings.model == "robot" else "")
           + f", policy period {source.config.robot.policy_period:g} s, horizon {horizon:g} s (no robot time)")
     if files:
         print(f"{len(files)} candidates: " + ", ".join(str(f) for f in files))

@@ -104,7 +104,7 @@ class OptimizerSettings:
 
 
 POLISH_POOLS = ("run", "policy", "judge")
-POLISH_MODELS = ("gp", "prior")          # what the polish's particles roll out on (PolishSettings.model)
+POLISH_MODELS = ("gp", "prior", "robot")  # what the polish's particles roll out on (PolishSettings.model)
 CONFIRM_FIRST_SEED = 5000   # the polish's confirming seeds: apart from the snapshot judge's (3000 on), the choice's
                             # (200 on) and the reports' (0-29)
 
