@@ -87,7 +87,7 @@ def test_the_polish_section_loads_and_bad_values_name_the_field(tmp_path):
                        ({"velocity_lengthscale": -6.0}, "polish.velocity_lengthscale"),
                        ({"judge_profile": 3}, "polish.judge_profile"),
                        ({"catch_level": -1.0}, "polish.catch_level"),
-                       ({"catch_sharpness": 0.0}, "polish.catch_sharpness"), ({"model": "robot"}, "polish.model")):
+                       ({"catch_sharpness": 0.0}, "polish.catch_sharpness"), ({"model": "exact"}, "polish.model")):
         path.write_text(yaml.safe_dump({**base, "polish": bad}))
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_train_config(path)
