@@ -190,6 +190,67 @@ def test_a_session_output_is_ranked_on_its_newest_model_and_its_config_copy_load
     assert checked.best == checked.ranked()[0] and checked.check.profile == "hardware_proxy"
 
 
+def test_select_identify_and_polish_read_a_trainers_retrain_directory_and_the_sessions_it_names(
+        tmp_path, pendubot_config, tiny_config, capsys, monkeypatch):
+    """On the robot the trainer's ``run_dir`` and ``session_dir`` are two folders of the team's choosing (and
+    ``mcpilco retrain --sessions A B`` reads several days): select, identify and polish take the retrain directory
+    and read every session its newest retrain read, named in retrain.json (absolute; an older relative name from
+    where the retrain ran). A session that is gone is named in the error. ``select --check`` on such a directory
+    needs the simulated robot named: its trials may come from a real one."""
+    from mcpilco_core.learning.polish import load_source
+    from mcpilco_core.learning.retrain import RetrainError, session_learning
+    from mcpilco_core.learning.runs import run_state_recordings
+    from mcpilco_core.learning.selection import newest_session, select_policy
+    from mcpilco_ros import cli
+
+    day1 = simulated_session(tmp_path / "sessions" / "day1", pendubot_config, seeds=(1,)).root
+    day2 = simulated_session(tmp_path / "sessions" / "day2", pendubot_config, seeds=(2, 3)).root
+    run = tmp_path / "runs" / "hw"
+    derived = tmp_path / "derived.yaml"
+    derived.write_text(f"base: {tiny_config}\n"
+                       "initial_state: {disturbance_fraction: 0.5, disturbance_seeds: [1000]}\n")
+    monkeypatch.chdir(tmp_path)                 # the retrain is given relative paths, as a team's launch would
+    base = ["retrain", "--out", "runs/hw", "--config", str(derived)]
+    assert retrain_main(base + ["--sessions", "sessions/day1"]) == 0
+    assert retrain_main(base + ["--sessions", "sessions/day1", "sessions/day2", "--warm-start"]) == 0
+    history = json.loads((run / "retrain.json").read_text())["retrains"]
+    assert history[-1]["sessions"] == [str(day1.resolve()), str(day2.resolve())]
+    assert session_learning(run).sessions == (day1.resolve(), day2.resolve()) and session_learning(run).retrain == run
+    assert session_learning(tmp_path / "sessions") is None                     # neither layout
+
+    assert len(newest_session(run).trials) == 3                                  # both days, in order
+    config, recordings = run_state_recordings(run)
+    assert len(recordings) == 3 and config.robot.robot == "pendubot"
+    selection = select_policy(run, particles=16, horizon=0.2)
+    assert sorted(selection.costs) == [1, 2]
+    capsys.readouterr()
+    assert cli.main(["select", str(run), "--particles", "16", "--horizon", "0.2"]) == 0
+    # the check would run on a simulated robot: on a trainer's directory only when the user names that robot
+    assert cli.main(["select", str(run), "--particles", "16", "--horizon", "0.2", "--check", "1"]) == 2
+    assert "--check runs the protocol on a simulated one" in capsys.readouterr().err
+    assert cli.main(["select", str(run), "--particles", "16", "--horizon", "0.2", "--check", "1",
+                     "--check-seconds", "0.5", "--robot-profile", "nominal"]) == 0
+    assert json.loads((run / "selection.json").read_text())["robot_checks"][0]["robot_profile"] == "nominal"
+    assert cli.main(["select", str(run), "--particles", "16", "--horizon", "0.2"]) == 0
+    source = load_source(run)                   # the choice selection.json records, the newest model
+    assert source.policy_file == Path(selection.files[selection.best]) and source.next_trial == 3
+    assert cli.main(["identify", str(run), "--trials", "0"]) == 0
+    assert "1 trial(s)" in capsys.readouterr().out
+
+    # a retrain.json of before 2026-12-01 named its sessions as given: found from where the retrain ran
+    old = json.loads((run / "retrain.json").read_text())
+    old["retrains"][-1]["sessions"] = ["sessions/day1", "sessions/day2"]
+    (run / "retrain.json").write_text(json.dumps(old))
+    assert session_learning(run).sessions == (Path("sessions/day1"), Path("sessions/day2"))
+    monkeypatch.chdir(run)                      # ... or beside the run: runs/sessions/day1 is not there
+    with pytest.raises(RetrainError, match="read the session sessions/day1, which is not there"):
+        session_learning(run)
+    assert cli.main(["select", str(run), "--particles", "16", "--horizon", "0.2"]) == 2
+    assert cli.main(["identify", str(run)]) == 2
+    assert cli.main(["polish", str(run), "--steps", "1"]) == 2
+    assert capsys.readouterr().err.count("which is not there") == 3
+
+
 def test_retrain_grows_the_particles_pool_trial_by_trial_as_the_offline_learner(repo, tmp_path):
     """Each trial adds what its window handed over, then the post-disturbance states its policy meets on the
     learner's model (pool_seeds_per_trial seeds), found by the trial's policy version; a trial whose policy file

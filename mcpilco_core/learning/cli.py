@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 from ..config import ROBOTS, ConfigError
+from .retrain import RetrainError
+
+RUN_HELP = ("run directory (mcpilco train --out), session output (mcpilco session --out) or retrain directory "
+            "(the trainer node's run_dir, mcpilco retrain --out; its retrain.json names the sessions it read)")
 
 
 def register(subparsers) -> None:
@@ -41,7 +45,7 @@ def register(subparsers) -> None:
                                           "--check-seconds of the evaluation protocol each on the robot (counted "
                                           "robot time) and the one up the longest is chosen. Writes "
                                           "RUN/selection.json.")
-    p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
+    p.add_argument("run", type=Path, help=RUN_HELP)
     p.add_argument("--particles", type=int, default=600)
     p.add_argument("--horizon", type=float, default=None, help="s (default: the run's training horizon)")
     p.add_argument("--seed", type=int, default=0, help="seed of the particles and their noise")
@@ -70,7 +74,8 @@ def register(subparsers) -> None:
                    help="stop the check at the first candidate whose robot score is at least its score on the model "
                         "(same seconds, same seed) minus this; 'none': check all K and take the best robot score")
     p.add_argument("--robot-profile", default=None,
-                   help="the simulated robot the check runs on (default: the run's robot profile)")
+                   help="the simulated robot the check runs on (default: the run's robot profile; required with "
+                        "--check for a retrain directory, whose trials may come from a real robot)")
     p.set_defaults(func=_run_select)
 
     p = subparsers.add_parser("polish", help="optimise a run's chosen policy further on its newest model "
@@ -85,7 +90,7 @@ def register(subparsers) -> None:
                                           "kept: when nothing beats the start, the output is the policy given. "
                                           "Writes OUT/policy.npz, OUT/polish.json and OUT/polish_curve.png. No robot "
                                           "time.")
-    p.add_argument("run", type=Path, help="run directory (mcpilco train --out) or session (mcpilco session --out)")
+    p.add_argument("run", type=Path, help=RUN_HELP)
     p.add_argument("--policy", type=Path, default=None,
                    help="policy to polish (default: the selected one, RUN/selection.json, else the newest)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/polish; an earlier polish "
@@ -169,8 +174,7 @@ def register(subparsers) -> None:
                                           "what the trials recorded (learning/identified_robot.py). --write turns "
                                           "it into a robot profile file: a design robot to choose controller "
                                           "settings on without robot time (e.g. bench_balance.py --profile).")
-    p.add_argument("run", type=Path,
-                   help="run directory (mcpilco train --out) or session output (mcpilco session --out)")
+    p.add_argument("run", type=Path, help=RUN_HELP)
     p.add_argument("--trials", type=int, default=None, metavar="K", help="only trials 0..K (default: all)")
     p.add_argument("--write", type=Path, default=None, metavar="PROFILE.yaml",
                    help="write a robot profile file; its plant goes into plant_models.yaml beside it (added)")
@@ -230,6 +234,18 @@ def tolerance_arg(text: str) -> float | None:
     return None if text.strip().lower() == "none" else float(text)
 
 
+def _retrain_directory(root: Path) -> bool:
+    """``root`` is a trainer's (or ``mcpilco retrain``'s) directory, not a ``mcpilco session`` output: what a
+    hardware session writes. False when it cannot tell (the selection then says what is wrong)."""
+    from .retrain import session_learning
+
+    try:
+        learning = session_learning(root)
+    except RetrainError:
+        return False
+    return learning is not None and learning.retrain == Path(root)
+
+
 def _run_select(args: argparse.Namespace) -> int:
     import shutil
 
@@ -241,13 +257,19 @@ def _run_select(args: argparse.Namespace) -> int:
         return 2
     if args.export is not None and not _export_target_ok(args.run, Path(args.export), args.force):
         return 2
+    if args.check and args.robot_profile is None and _retrain_directory(args.run):
+        print(f"error: {args.run} is a retrain directory: its trials came from the trainer node, maybe on a real "
+              "robot, and --check runs the protocol on a simulated one. Check the candidates on your robot (each with "
+              "policy:= and the driver's disturbance windows; docs/hardware.md), or name the simulated robot with "
+              "--robot-profile", file=sys.stderr)
+        return 2
     try:
         check = (RobotCheck(args.check, args.check_seconds, args.check_seed, args.robot_profile, args.check_tolerance)
                  if args.check else None)
         protocol = (ModelProtocol(tuple(args.protocol_seeds), args.protocol_seconds, args.protocol_robot)
                     if args.rank == "protocol" else None)
         selection = select_policy(args.run, args.particles, args.horizon, args.seed, check, protocol)
-    except (RunError, ConfigError, ValueError, OSError) as exc:
+    except (RunError, RetrainError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.run}: model of trial {selection.model_trial}, {selection.particles} particles from the run's "
@@ -397,7 +419,7 @@ def _run_polish(args: argparse.Namespace) -> int:
         source = at_policy_period(args.run, source, settings.policy_period)     # refits the model: after the checks
         horizon = polish_horizon(source.config, settings)
         polish_model(source.model, settings.model)          # refuses --model robot without gp.identify_robot
-    except (RunError, ValueError, OSError) as exc:
+    except (RunError, RetrainError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"polishing {source.policy_file} on the model of {source.model_from}: {settings.steps} steps, lr "
@@ -438,7 +460,7 @@ def _run_identify(args: argparse.Namespace) -> int:
 
     try:
         config, recordings = run_state_recordings(args.run)
-    except (RunError, ConfigError, ValueError, OSError) as exc:
+    except (RunError, RetrainError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.trials is not None:

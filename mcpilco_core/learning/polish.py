@@ -46,6 +46,7 @@ from .cost import CostSettings, with_catch_model, with_height_term
 from .model import DynamicsModel
 from .optimizer import OptimizationResult, PolishSettings, optimize_policy
 from .protocol import protocol_judge
+from .retrain import session_learning
 from .torch_policy import TorchPolicy
 
 LOG = logging.getLogger(__name__)
@@ -77,10 +78,10 @@ class PolishResult:
 
 def load_source(root: str | Path, policy_file: str | Path | None = None) -> PolishSource:
     """The newest model, start pool and policy of an offline run (``mcpilco train --out``) or a session
-    (``mcpilco session``). Default policy: the selected one (RUN/selection.json, from ``mcpilco select``), else the
-    newest."""
+    (``mcpilco session``, or a trainer's retrain directory). Default policy: the selected one (RUN/selection.json,
+    from ``mcpilco select``), else the newest."""
     root = Path(root)
-    if _is_session(root):
+    if session_learning(root) is not None:
         source = _session_source(root)
     else:
         source = _run_source(root)
@@ -122,10 +123,11 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
 
 def _transitions(root: Path, config):
     """Every recorded trial of the run or session at ``root``, as transitions at ``config``'s policy period."""
-    if _is_session(root):
+    learning = session_learning(root)
+    if learning is not None:
         from ..recording import load_sessions
 
-        return load_sessions([root / "session"], config.robot).transitions(config.robot.actuated_joint)
+        return load_sessions(list(learning.sessions), config.robot).transitions(config.robot.actuated_joint)
     from ..recording.transitions import TransitionData
     from .learner import learning_transitions
     from .runs import RunDirectory
@@ -134,11 +136,6 @@ def _transitions(root: Path, config):
     for k in run.completed_trials():
         data = data.concat(learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot))
     return data
-
-
-def _is_session(root: Path) -> bool:
-    """A session directory (``mcpilco session --out``) rather than a run directory (``mcpilco train --out``)."""
-    return (root / "retrain").is_dir() and (root / "session").is_dir()
 
 
 def _run_source(root: Path) -> PolishSource:

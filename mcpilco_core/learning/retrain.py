@@ -165,6 +165,49 @@ class RetrainDirectory:
             return final
 
 
+@dataclass(frozen=True)
+class SessionLearning:
+    """Where a session's learning lives on disk: the retrain directory (``train_config.yaml``, ``models/``,
+    ``policies/``, ``retrain.json``) and the session directories whose bags its newest retrain read, in that order.
+
+    Why: ``mcpilco select``, ``identify`` and ``polish`` read both. ``mcpilco session --out`` keeps them together
+    (OUT/retrain and OUT/session), but on the robot the trainer node's ``run_dir`` and ``session_dir`` are two
+    folders of the team's choosing, and ``extra_sessions`` or ``mcpilco retrain --sessions A B`` add more days."""
+
+    retrain: Path
+    sessions: tuple[Path, ...]
+
+
+def session_learning(root: str | Path) -> SessionLearning | None:
+    """The :class:`SessionLearning` behind ``root``: a ``mcpilco session`` output, or a retrain directory
+    (``trainer_node``'s ``run_dir``, ``mcpilco retrain --out``) whose ``retrain.json`` names its sessions; None for
+    anything else (an offline run, ``mcpilco train --out``). RetrainError when the sessions cannot be found."""
+    root = Path(root)
+    if (root / "retrain").is_dir() and (root / "session").is_dir():
+        return SessionLearning(root / "retrain", (root / "session",))
+    if not (root / "retrain.json").is_file():
+        return None
+    history = RetrainDirectory(root).history()
+    if not history:
+        raise RetrainError(f"{root / 'retrain.json'}: no retrain yet")
+    named = history[-1].get("sessions")
+    if not isinstance(named, list) or not named:
+        raise RetrainError(f"{root / 'retrain.json'}: retrain {len(history) - 1} names no session")
+    return SessionLearning(root, tuple(_recorded_session(root, str(name)) for name in named))
+
+
+def _recorded_session(root: Path, name: str) -> Path:
+    """A session directory as ``retrain.json`` names it: absolute since 2026-12-01; before, as given to the retrain
+    (relative to the directory it ran in), so a relative name is looked up from here, then beside the run."""
+    path = Path(name)
+    for candidate in ((path,) if path.is_absolute() else (path, root.parent / path)):
+        if candidate.exists():          # a session directory, a folder of bags or one bag (retrain --sessions)
+            return candidate
+    raise RetrainError(f"{root / 'retrain.json'}: its newest retrain read the session {name}, which is not there "
+                       f"(looked from {Path.cwd()}{'' if path.is_absolute() else f' and {root.parent}'}); "
+                       "run this from the directory the trainer ran in, or move the session back")
+
+
 # --------------------------------------------------------------------------------------------------
 # Retraining
 
@@ -275,7 +318,7 @@ def retrain(config, sessions: list[Path], out: str | Path, warm_start: bool = Fa
                            list(opt.start_scores),
                            learner.model.robot.to_dict() if learner.model.robot is not None else None,
                            opt.stop_reason, [list(r) for r in opt.rollbacks])
-    run.append(config.robot.robot, result, {"sessions": [str(s) for s in sessions],
+    run.append(config.robot.robot, result, {"sessions": [str(Path(s).resolve()) for s in sessions],
                                             "warm_start_model": str(model_file or ""),
                                             "warm_start_policy": str(policy_file or ""),
                                             "created": time.strftime("%Y-%m-%dT%H:%M:%S")})

@@ -432,15 +432,17 @@ def _describe(record: TrialRecord) -> str:
 
 def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
     """(training config, every trial at the state rate in trial order) of a run directory (``mcpilco train
-    --out``) or a session's output (``mcpilco session --out``: its readable bags, None for one whose states carry no
-    effort), e.g. to identify the robot from them."""
+    --out``) or a session's (``mcpilco session --out``, or a trainer's retrain directory: the bags of the sessions
+    its newest retrain read, None for one whose states carry no effort), e.g. to identify the robot from them."""
     from ..recording import load_sessions
     from .learner import state_recording
+    from .retrain import session_learning
 
     root = Path(root)
-    if (root / "retrain").is_dir() and (root / "session").is_dir():
-        config = load_train_config(root / "retrain" / "train_config.yaml")
-        trials = load_sessions([root / "session"], config.robot).trials
+    learning = session_learning(root)
+    if learning is not None:
+        config = load_train_config(learning.retrain / "train_config.yaml")
+        trials = load_sessions(list(learning.sessions), config.robot).trials
         return config, [t.states for t in trials]
     run = RunDirectory(root)
     config = run.load_config()

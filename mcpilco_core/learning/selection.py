@@ -253,8 +253,10 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
                   protocol: ModelProtocol | None = ModelProtocol()) -> Selection:
     """Every trial's policy scored on the run's newest model (see the module docstring: the protocol on the model
     unless ``protocol`` is None, and the model cost), then the robot check if asked; ``root`` may also be the
-    output of ``mcpilco session`` (:func:`select_session_policy`)."""
-    if (Path(root) / "retrain").is_dir() and (Path(root) / "session").is_dir():
+    output of ``mcpilco session`` or a trainer's retrain directory (:func:`select_session_policy`)."""
+    from .retrain import session_learning
+
+    if session_learning(root) is not None:
         return select_session_policy(root, particles, horizon, seed, check, protocol)
     run = RunDirectory(root)
     config = run.load_config()
@@ -272,7 +274,7 @@ def select_policy(root: str | Path, particles: int = 600, horizon: float | None 
 def select_session_policy(root: str | Path, particles: int = 600, horizon: float | None = None,
                           seed: int = 0, check: RobotCheck | None = None,
                           protocol: ModelProtocol | None = ModelProtocol()) -> Selection:
-    """The same for a ``mcpilco session`` output (``retrain/`` policies and models, ``session/`` bags): every
+    """The same for a session (:func:`retrain.session_learning`: its retrain's policies and models, its bags): every
     retrain's policy (trial k = retrain k, ``policy_{k-1:03d}_*.npz``) on the newest model, from the pool a retrain
     grows (:func:`retrain.trial_pool_states`: the states the session's windows handed over and those each trial's
     policy meets on the learner's model; no robot time), as the offline run's pool."""
@@ -316,22 +318,27 @@ class NewestSession:
 
 
 def newest_session(root: str | Path, training: bool = False) -> NewestSession:
-    """A session's newest model (:func:`_model_from_arrays`), its policies, trials and pool (:class:`NewestSession`)."""
+    """A session's newest model (:func:`_model_from_arrays`), its policies, trials and pool (:class:`NewestSession`);
+    ``root``: a ``mcpilco session`` output or a retrain directory (:func:`retrain.session_learning`)."""
     from ..recording import load_sessions
     from .learner import Learner, load_train_config
-    from .retrain import policy_files, trial_pool_states
+    from .retrain import policy_files, session_learning, trial_pool_states
 
-    root = Path(root)
-    config = load_train_config(root / "retrain" / "train_config.yaml")
-    models = sorted((root / "retrain" / "models").glob("model_*.npz"))
-    policies = sorted((root / "retrain" / "policies").glob("policy_*.npz"))
+    learning = session_learning(root)
+    if learning is None:
+        raise ValueError(f"{root} is neither a session's output (mcpilco session --out) nor a retrain directory "
+                         "(retrain.json)")
+    retrain = learning.retrain
+    config = load_train_config(retrain / "train_config.yaml")
+    models = sorted((retrain / "models").glob("model_*.npz"))
+    policies = sorted((retrain / "policies").glob("policy_*.npz"))
     if not models or not policies:
-        raise ValueError(f"{root}/retrain holds no model or no policy yet")
+        raise ValueError(f"{retrain} holds no model or no policy yet")
     with np.load(models[-1]) as arrays:
         model = _model_from_arrays(config, {k: arrays[k] for k in arrays.files}, training)
-    trials = load_sessions([root / "session"], config.robot).trials
+    trials = load_sessions(list(learning.sessions), config.robot).trials
     pool = np.concatenate([Learner(config).build_initial_pool(),
-                           trial_pool_states(config, trials, policy_files(root / "retrain" / "policies"))])
+                           trial_pool_states(config, trials, policy_files(retrain / "policies"))])
     return NewestSession(config, model, models, policies, trials, pool)
 
 
