@@ -10,6 +10,10 @@ Trial k's model (trials/trial_k/model.npz) was fitted on trials 0..k-1 before tr
 and learned (prior + GP mean). With ``--on``, each run's last model is scored instead on all trials of the runs
 given there (recorded by other runs on the same robot: data none of the compared models was fitted on), so that
 models of different settings compare on the same transitions.
+
+A session works as a run (``mcpilco session --out``, or on the robot the trainer's ``run_dir``: the sessions its
+newest retrain read): retrain i's model (``models/model_i.npz``) was fitted on the trials recorded before it
+(``retrain.json``'s ``trials``), so the next trial is held out for it.
 """
 
 from __future__ import annotations
@@ -22,24 +26,49 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpilco_core.learning.learner import learning_transitions  # noqa: E402
+from mcpilco_core.learning.learner import load_train_config  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
-from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
-from mcpilco_core.recording.transitions import TransitionData  # noqa: E402
+from mcpilco_core.learning.retrain import RetrainDirectory, session_learning  # noqa: E402
+from mcpilco_core.learning.runs import RunDirectory, run_transitions, trial_transitions  # noqa: E402
+
+
+def load_config(root: Path):
+    """The training config of a run or a session (its retrain directory's copy)."""
+    learning = session_learning(root)
+    return (load_train_config(learning.retrain / "train_config.yaml") if learning is not None
+            else RunDirectory(root).load_config())
+
+
+def held_out_models(root: Path, config) -> list[tuple[int, dict]]:
+    """(k, arrays of the model fitted on trials 0..k-1) for every model of the run or session, in order."""
+    learning = session_learning(root)
+    if learning is None:
+        run = RunDirectory(root)
+        records = (run.load_trial(k, config.robot.robot) for k in run.completed_trials())
+        return [(r.index, r.model_arrays) for r in records if r.model_arrays is not None]
+    out = []
+    for i, entry in enumerate(RetrainDirectory(learning.retrain).history()):
+        with np.load(learning.retrain / "models" / f"model_{i:03d}.npz") as arrays:
+            out.append((int(entry["trials"]), {k: arrays[k] for k in arrays.files}))
+    return out
+
+
+def model_from(config, arrays: dict) -> DynamicsModel:
+    model = DynamicsModel(config.model_robot, config.gp)
+    model.load_arrays(arrays, "cpu")
+    return model
 
 
 def run_errors(root: Path) -> list[dict]:
-    run = RunDirectory(root)
-    config = run.load_config()
+    """Per model, its RMS one-step error (prior, learned; per joint, rad/s) on the trial recorded right after it."""
+    config = load_config(root)
+    trials = trial_transitions(root, config)
     rows = []
-    for k in run.completed_trials():
-        record = run.load_trial(k, config.robot.robot)
-        if record.model_arrays is None:
-            continue
-        model = DynamicsModel(config.model_robot, config.gp)
-        model.load_arrays(record.model_arrays, "cpu")
-        data = learning_transitions(record.trajectory, config.robot)
-        errors = model.one_step_errors(data)
+    for k, arrays in held_out_models(root, config):
+        if k >= len(trials):
+            continue                       # the newest model: no trial after it yet
+        data = trials[k]
+        errors = model_from(config, arrays).one_step_errors(data)
         rms = {name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}
         rows.append({"trial": k, "n": len(data), **{f"{name}_{j}": float(rms[name][j]) for name in rms
                                                     for j in range(2)}})
@@ -49,16 +78,11 @@ def run_errors(root: Path) -> list[dict]:
 def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
     """RMS error (per joint, rad/s) of the run's last model, prior and learned, on every trial of ``others``, and
     whether the model is delay-aware."""
-    run = RunDirectory(root)
-    config = run.load_config()
-    model = DynamicsModel(config.model_robot, config.gp)
-    model.load_arrays(run.load_trial(run.completed_trials()[-1], config.robot.robot).model_arrays, "cpu")
-    data = TransitionData.empty()
-    for other in others:
-        source = RunDirectory(other)
-        for k in source.completed_trials():
-            data = data.concat(learning_transitions(source.load_trial(k, config.robot.robot).trajectory,
-                                                    config.robot))
+    config = load_config(root)
+    model = model_from(config, held_out_models(root, config)[-1][1])
+    data = run_transitions(others[0], config)
+    for other in others[1:]:
+        data = data.concat(run_transitions(other, config))
     errors = model.one_step_errors(data)
     return {"n": len(data), "delay_aware": config.gp.delay_aware,
             **{name: np.sqrt(np.mean(e ** 2, axis=0)) for name, e in errors.items()}}
@@ -80,7 +104,7 @@ def main() -> int:
                   f"{e['prior'][1]:.3f} | {e['learned'][1]:.3f} |")
         return 0
     for root in args.runs:
-        config = RunDirectory(root).load_config()
+        config = load_config(root)
         print(f"\n{root} (robot {config.robot.robot}, robot profile {config.robot_profile}, prior "
               f"{config.model_robot.plant.name}): RMS one-step error of the velocity change (rad/s), held out")
         print("| trial | transitions | prior q1 | learned q1 | prior q2 | learned q2 |")

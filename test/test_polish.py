@@ -698,7 +698,9 @@ def test_a_policy_period_refits_the_model_on_the_same_trials_and_polishes_for_th
     assert faster.config.robot.control_period == source.config.robot.control_period
     assert faster.model.robot is source.model.robot and faster.pool is source.pool
     assert "refitted at 0.01 s" in faster.model_from and source.config.robot.policy_period == own  # source unchanged
-    slow, fast = polish_module._transitions(run, source.config), polish_module._transitions(run, faster.config)
+    from mcpilco_core.learning.runs import run_transitions
+
+    slow, fast = run_transitions(run, source.config), run_transitions(run, faster.config)
     assert 1.8 * len(slow) <= len(fast) <= 2.2 * len(slow)
     # the refitted model predicts the recorded 10 ms velocity changes; the run's 20 ms model would be twice off
     change = np.sqrt(np.mean((fast.x_next[:, 2:] - fast.x[:, 2:]) ** 2))

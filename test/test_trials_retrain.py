@@ -236,6 +236,15 @@ def test_select_identify_and_polish_read_a_trainers_retrain_directory_and_the_se
     assert source.policy_file == Path(selection.files[selection.best]) and source.next_trial == 3
     assert cli.main(["identify", str(run), "--trials", "0"]) == 0
     assert "1 trial(s)" in capsys.readouterr().out
+    # what the GP learnt, held out (benchmarks/bench_model_error.py): retrain 0 (fitted on day 1's one trial) on
+    # the next trial, day 2's first; retrain 1 read all three, so nothing is held out for it yet
+    from _bench_helpers import load_benchmark
+
+    bench = load_benchmark("bench_model_error")
+    (row,) = bench.run_errors(run)
+    assert row["trial"] == 1 and row["n"] == 50 and all(np.isfinite(row[k]) for k in row)
+    errors = bench.last_model_errors(run, [run])          # the newest model on the data it was fitted on
+    assert errors["n"] == 150 and errors["learned"][0] < errors["prior"][0]
 
     # a retrain.json of before 2026-12-01 named its sessions as given: found from where the retrain ran
     old = json.loads((run / "retrain.json").read_text())

@@ -110,7 +110,9 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
     if config.horizon < period:
         raise ValueError(f"polish: the horizon {config.horizon} s is shorter than the policy period {period} s")
     config = replace(config, robot=replace(config.robot, policy_period=float(period)))
-    data = _transitions(Path(root), config)
+    from .runs import run_transitions
+
+    data = run_transitions(root, config)
     model = DynamicsModel(config.model_robot, config.gp, rollout_mode=config.rollout)
     LOG.info("polish: refitting the model at %g s on %d transitions (the run's trials, cut at the new period)",
              period, len(data))
@@ -119,23 +121,6 @@ def at_policy_period(root: str | Path, source: PolishSource, period: float) -> P
     model.robot = source.model.robot
     return replace(source, config=config, model=model,
                    model_from=f"{source.model_from}'s trials, refitted at {period:g} s")
-
-
-def _transitions(root: Path, config):
-    """Every recorded trial of the run or session at ``root``, as transitions at ``config``'s policy period."""
-    learning = session_learning(root)
-    if learning is not None:
-        from ..recording import load_sessions
-
-        return load_sessions(list(learning.sessions), config.robot).transitions(config.robot.actuated_joint)
-    from ..recording.transitions import TransitionData
-    from .learner import learning_transitions
-    from .runs import RunDirectory
-
-    run, data = RunDirectory(root), TransitionData.empty()
-    for k in run.completed_trials():
-        data = data.concat(learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot))
-    return data
 
 
 def _run_source(root: Path) -> PolishSource:

@@ -430,6 +430,33 @@ def _describe(record: TrialRecord) -> str:
     return "; ".join(parts)
 
 
+def trial_transitions(root: str | Path, config: TrainConfig) -> list:
+    """Every recorded trial of a run directory (``mcpilco train --out``) or a session's (``mcpilco session --out``, or
+    a trainer's retrain directory: the sessions its newest retrain read), in trial order, each as the learner's
+    transitions (``TransitionData``) at ``config``'s policy period: what a model is fitted on, and scored on."""
+    from ..recording import load_sessions
+    from .learner import learning_transitions
+    from .retrain import session_learning
+
+    learning = session_learning(root)
+    if learning is not None:
+        trials = load_sessions(list(learning.sessions), config.robot).trials
+        return [trial.transitions(config.robot.actuated_joint) for trial in trials]
+    run = RunDirectory(root)
+    return [learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot)
+            for k in run.completed_trials()]
+
+
+def run_transitions(root: str | Path, config: TrainConfig):
+    """:func:`trial_transitions` as one ``TransitionData``: every recorded trial of the run or session."""
+    from ..recording.transitions import TransitionData
+
+    data = TransitionData.empty()
+    for trial in trial_transitions(root, config):
+        data = data.concat(trial)
+    return data
+
+
 def run_state_recordings(root: str | Path) -> tuple[TrainConfig, list]:
     """(training config, every trial at the state rate in trial order) of a run directory (``mcpilco train
     --out``) or a session's (``mcpilco session --out``, or a trainer's retrain directory: the bags of the sessions
