@@ -26,31 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpilco_core.learning.learner import load_train_config  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
-from mcpilco_core.learning.retrain import RetrainDirectory, session_learning  # noqa: E402
-from mcpilco_core.learning.runs import RunDirectory, run_transitions, trial_transitions  # noqa: E402
-
-
-def load_config(root: Path):
-    """The training config of a run or a session (its retrain directory's copy)."""
-    learning = session_learning(root)
-    return (load_train_config(learning.retrain / "train_config.yaml") if learning is not None
-            else RunDirectory(root).load_config())
-
-
-def held_out_models(root: Path, config) -> list[tuple[int, dict]]:
-    """(k, arrays of the model fitted on trials 0..k-1) for every model of the run or session, in order."""
-    learning = session_learning(root)
-    if learning is None:
-        run = RunDirectory(root)
-        records = (run.load_trial(k, config.robot.robot) for k in run.completed_trials())
-        return [(r.index, r.model_arrays) for r in records if r.model_arrays is not None]
-    out = []
-    for i, entry in enumerate(RetrainDirectory(learning.retrain).history()):
-        with np.load(learning.retrain / "models" / f"model_{i:03d}.npz") as arrays:
-            out.append((int(entry["trials"]), {k: arrays[k] for k in arrays.files}))
-    return out
+from mcpilco_core.learning.runs import run_config, run_models, run_transitions, trial_transitions  # noqa: E402
 
 
 def model_from(config, arrays: dict) -> DynamicsModel:
@@ -61,10 +38,10 @@ def model_from(config, arrays: dict) -> DynamicsModel:
 
 def run_errors(root: Path) -> list[dict]:
     """Per model, its RMS one-step error (prior, learned; per joint, rad/s) on the trial recorded right after it."""
-    config = load_config(root)
+    config = run_config(root)
     trials = trial_transitions(root, config)
     rows = []
-    for k, arrays in held_out_models(root, config):
+    for k, arrays in run_models(root, config):
         if k >= len(trials):
             continue                       # the newest model: no trial after it yet
         data = trials[k]
@@ -78,8 +55,8 @@ def run_errors(root: Path) -> list[dict]:
 def last_model_errors(root: Path, others: list[Path]) -> dict[str, np.ndarray]:
     """RMS error (per joint, rad/s) of the run's last model, prior and learned, on every trial of ``others``, and
     whether the model is delay-aware."""
-    config = load_config(root)
-    model = model_from(config, held_out_models(root, config)[-1][1])
+    config = run_config(root)
+    model = model_from(config, run_models(root, config)[-1][1])
     data = run_transitions(others[0], config)
     for other in others[1:]:
         data = data.concat(run_transitions(other, config))
@@ -104,7 +81,7 @@ def main() -> int:
                   f"{e['prior'][1]:.3f} | {e['learned'][1]:.3f} |")
         return 0
     for root in args.runs:
-        config = load_config(root)
+        config = run_config(root)
         print(f"\n{root} (robot {config.robot.robot}, robot profile {config.robot_profile}, prior "
               f"{config.model_robot.plant.name}): RMS one-step error of the velocity change (rad/s), held out")
         print("| trial | transitions | prior q1 | learned q1 | prior q2 | learned q2 |")

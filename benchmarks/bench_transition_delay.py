@@ -4,10 +4,11 @@ and with the previous command acting for the identified sensor delay first (``de
 
     python benchmarks/bench_transition_delay.py runs/acrobot_proxy [runs/other ...] [--plant model_1.0]
 
-Needs runs with ``gp.identify_robot`` (the last trial's model holds the robot identified at the state rate: its
-friction, rotor inertia, delay and motor lag). Uses only what the trials recorded; ``--plant NAME`` adds a plant
-of config/plant_models.yaml (a report: the simulated robot's own plant is not the learner's to read). The first
-transition of each trial is left out (its previous command is the reset window's or none).
+A session works as a run (``mcpilco session --out``, or the trainer's ``run_dir``). Needs runs with
+``gp.identify_robot`` (the newest model holds the robot identified at the state rate: its friction, rotor inertia,
+delay and motor lag). Uses only what the trials recorded; ``--plant NAME`` adds a plant of config/plant_models.yaml
+(a report: the simulated robot's own plant is not the learner's to read). The first transition of each trial is
+left out (its previous command is the reset window's or none).
 """
 
 from __future__ import annotations
@@ -23,19 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mcpilco_core.config import load_plant_parameters  # noqa: E402
 from mcpilco_core.learning.identification import identify_prior, predicted_velocities  # noqa: E402
 from mcpilco_core.learning.identified_robot import delayed_velocities  # noqa: E402
-from mcpilco_core.learning.learner import learning_transitions  # noqa: E402
 from mcpilco_core.learning.model import DynamicsModel  # noqa: E402
-from mcpilco_core.learning.runs import RunDirectory  # noqa: E402
+from mcpilco_core.learning.runs import run_config, run_models, trial_transitions  # noqa: E402
 from mcpilco_core.paths import config_dir  # noqa: E402
 from mcpilco_core.recording.transitions import TransitionData  # noqa: E402
 
 
-def run_transitions(run: RunDirectory, config) -> TransitionData:
+def recorded_transitions(root: Path, config) -> TransitionData:
     """Every trial's transitions but its first (its previous command is a reset window's or none), each with its
     previous command (``u_prev``)."""
     data = TransitionData.empty()
-    for k in run.completed_trials():
-        d = learning_transitions(run.load_trial(k, config.robot.robot).trajectory, config.robot)
+    for d in trial_transitions(root, config):
         data = data.concat(d.subset(np.arange(1, len(d))))
     return data
 
@@ -44,22 +43,20 @@ def rms(predicted: np.ndarray, data: TransitionData) -> np.ndarray:
     return np.sqrt(np.mean((predicted - data.x_next[:, 2:]) ** 2, axis=0))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--plant", default=None, help="also a plant of config/plant_models.yaml (a report)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for root in args.runs:
-        run = RunDirectory(root)
-        config = run.load_config()
-        last = run.load_trial(run.completed_trials()[-1], config.robot.robot)
+        config = run_config(root)
         model = DynamicsModel(config.model_robot, config.gp)
-        model.load_arrays(last.model_arrays, "cpu")
+        model.load_arrays(run_models(root, config)[-1][1], "cpu")
         if model.robot is None:
             print(f"{root}: the run did not identify its robot (gp.identify_robot); skipped")
             continue
         robot, act, period = model.robot, config.robot.actuated_joint, config.robot.policy_period
-        data = run_transitions(run, config)
+        data = recorded_transitions(root, config)
         previous = data.u_prev
         plant, delay = identify_prior(model.base_plant, data, period, act, fit_delay=True,
                                       rng=np.random.default_rng(0))

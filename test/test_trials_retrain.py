@@ -343,6 +343,16 @@ def test_retrain_identifies_the_robot_from_the_bags_and_records_it(tmp_path, pen
     assert "identified robot" in (out / "log.txt").read_text()
     with np.load(out / "models" / "model_000.npz") as arrays:
         assert arrays["robot_sensors_motors"][0] == 2
+    # what the delay does to a 20 ms step, on the retrain directory's bags (benchmarks/bench_transition_delay.py):
+    # the identified robot with its delay explains the recorded steps far better than the torque-held prior
+    from _bench_helpers import load_benchmark
+
+    assert load_benchmark("bench_transition_delay").main([str(out)]) == 0
+    rows = {line.split(" | ")[0].strip("| "): [float(v) for v in line.strip(" |\n").split(" | ")[1:]]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| the ")}
+    held, delayed = rows["the identified robot's plant, torque held"], rows[
+        "the identified robot, previous command for its 2 delay steps, r 0.90"]
+    assert delayed[0] < 0.7 * held[0] and delayed[1] < 0.7 * held[1]
 
 
 def test_a_diverging_retrain_still_exports_the_warm_start_policy_and_says_so(tmp_path, pendubot_config, tiny_config,

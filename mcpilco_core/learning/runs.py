@@ -430,6 +430,33 @@ def _describe(record: TrialRecord) -> str:
     return "; ".join(parts)
 
 
+def run_config(root: str | Path) -> TrainConfig:
+    """The training config of a run directory, or of a session's (its retrain directory's copy)."""
+    from .retrain import session_learning
+
+    learning = session_learning(root)
+    return (load_train_config(learning.retrain / "train_config.yaml") if learning is not None
+            else RunDirectory(root).load_config())
+
+
+def run_models(root: str | Path, config: TrainConfig) -> list[tuple[int, dict]]:
+    """(k, arrays) of every model of a run or session, in order: the model fitted on trials 0..k-1, so trial k is
+    held out for it (a run: trial k's ``model.npz``; a session: retrain i's ``models/model_i.npz``, k its
+    ``retrain.json`` trial count)."""
+    from .retrain import RetrainDirectory, session_learning
+
+    learning = session_learning(root)
+    if learning is None:
+        run = RunDirectory(root)
+        records = (run.load_trial(k, config.robot.robot) for k in run.completed_trials())
+        return [(r.index, r.model_arrays) for r in records if r.model_arrays is not None]
+    out = []
+    for i, entry in enumerate(RetrainDirectory(learning.retrain).history()):
+        with np.load(learning.retrain / "models" / f"model_{i:03d}.npz") as arrays:
+            out.append((int(entry["trials"]), {k: arrays[k] for k in arrays.files}))
+    return out
+
+
 def trial_transitions(root: str | Path, config: TrainConfig) -> list:
     """Every recorded trial of a run directory (``mcpilco train --out``) or a session's (``mcpilco session --out``, or
     a trainer's retrain directory: the sessions its newest retrain read), in trial order, each as the learner's
