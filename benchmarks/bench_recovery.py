@@ -30,6 +30,7 @@ from mcpilco_core.control import load_controller  # noqa: E402
 from mcpilco_core.evaluation import (  # noqa: E402
     ControllerSpec,
     Recovery,
+    arrivals_by_level,
     config_path_for,
     disturbance_recoveries,
     evaluate_seeds,
@@ -123,6 +124,12 @@ def main() -> int:
           "(caught ones) | to line (s) | to caught (s) | to LQR (s) | below line per disturbance (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(summary_row(label, [r.score for r in results], recoveries, config.roa.enter_fraction))
+    print("\nfirst arrivals by how close they came (medians; energy above the upright's at the closest state):")
+    print("| first pass came | share | energy (J) | came at (s, to line) | caught | to caught (s) | LQR entries |")
+    print("|---|---|---|---|---|---|---|")
+    for g in arrivals_by_level(recoveries, config.roa.enter_fraction):
+        print(f"| {g['group']} | {g['share']:.2f} | {g['energy']:+.2f} | {g['time_to_line']:.2f} | {g['caught']:.2f} | "
+              f"{g['time_to_stay']:.2f} | {g['lqr_entries']:.1f} |")
     slow = sorted(recoveries, key=lambda r: -np.inf if not r.caught else -r.time_to_stay)[:args.worst]
     print("\nslowest / failed recoveries (hand-over state q1, q2 wrapped; rad, rad/s):")
     for r in slow:

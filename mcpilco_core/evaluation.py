@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import RobotConfig, load_robot_config
-from .plant import DoublePendulum, wrap_angle, wrap_state
+from .plant import GOAL, DoublePendulum, wrap_angle, wrap_state
 from .simulation import (
     MODE_CODES,
     MODE_NAMES,
@@ -419,7 +419,9 @@ class Recovery:
     balance, in the unit of the switching levels (``roa.enter_fraction``). An arrival that never comes within the
     enter level was missed by the swing-up; one that came within it and still fell below the line was either
     dropped by the balance or dipped under the line while the balance caught it (the acrobot's often do, for
-    60-130 ms): ``time_to_stay`` tells which.
+    60-130 ms): ``time_to_stay`` tells which. ``first_pass_energy``: the total energy above the upright's at that
+    closest state (J; the acrobot's misses come over the top with +1 to +2 J). ``lqr_entries``: how often the
+    balancing controller took over in the stretch (a friction robot's come-back enters and leaves it many times).
     """
 
     seed: int
@@ -433,6 +435,8 @@ class Recovery:
     below_line: float
     passes: int = 0
     first_pass_level: float = float("nan")
+    first_pass_energy: float = float("nan")
+    lqr_entries: int = 0
 
     @property
     def caught(self) -> bool:
@@ -481,6 +485,7 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum,
     if traj is None:
         raise ValueError("disturbance_recoveries needs the trajectory (evaluate_seed(..., keep_trajectory=True))")
     dt = traj.dt
+    top = float(plant.total_energy(GOAL))
     above = intervals_above_line(traj.x, plant)
     lqr = traj.mode == MODE_CODES["lqr"]
     n = len(traj.mode)
@@ -491,16 +496,20 @@ def disturbance_recoveries(result: EvaluationResult, plant: DoublePendulum,
         up, balanced = above[end:stop], lqr[end:stop]
         first = np.flatnonzero(up)
         first_pass = _first_pass(up)
-        closest = float("nan")
+        closest = energy = float("nan")
         if level_of is not None and first_pass is not None:
-            closest = float(np.min(level_of(traj.x[end:stop][first_pass])))
+            levels = level_of(traj.x[end:stop][first_pass])
+            at = first_pass.start + int(np.argmin(levels))
+            closest = float(levels[at - first_pass.start])
+            energy = float(plant.total_energy(traj.x[end + at])) - top
         x0 = traj.x[end]
         out.append(Recovery(
             seed=result.seed, index=i, handover_time=end * dt,
             handover_state=(float(wrap_angle(x0[0])), float(wrap_angle(x0[1])), float(x0[2]), float(x0[3])),
             length=(stop - end) * dt, time_to_line=first[0] * dt if first.size else float("nan"),
             time_to_stay=_first_from_then_on(up, dt), time_to_lqr=_first_from_then_on(balanced, dt),
-            below_line=float(np.sum(~above[start:stop])) * dt, passes=_stretches(up), first_pass_level=closest))
+            below_line=float(np.sum(~above[start:stop])) * dt, passes=_stretches(up), first_pass_level=closest,
+            first_pass_energy=energy, lqr_entries=_stretches(balanced)))
     return out
 
 
@@ -538,6 +547,34 @@ def summarize_recoveries(recoveries: Sequence[Recovery], enter_level: float | No
             "time_to_lqr": mean_of([r.time_to_lqr for r in recoveries]),
             "below_line": mean_of([r.below_line for r in recoveries]),
             **_first_pass_fractions(recoveries, enter_level)}
+
+
+def arrivals_by_level(recoveries: Sequence[Recovery], enter_level: float,
+                      far_level: float = 100.0) -> list[dict]:
+    """The recoveries grouped by how close their first pass came to the balance (``first_pass_level``, in rho):
+    within ``enter_level`` (the switching level), up to ``far_level``, beyond it (the swing-up's misses). Per group:
+    its share of the recoveries with a first pass, the medians of the first pass's excess energy (J), of the time
+    to the line (s: when the first pass came) and to caught (s, over the caught ones), the caught fraction and the
+    mean number of LQR entries."""
+    measured = [r for r in recoveries if np.isfinite(r.first_pass_level)]
+    groups = ((f"within {enter_level:g} rho", lambda v: v <= enter_level),
+              (f"{enter_level:g}-{far_level:g} rho", lambda v: enter_level < v <= far_level),
+              (f"beyond {far_level:g} rho", lambda v: v > far_level))
+    rows = []
+    for label, belongs in groups:
+        group = [r for r in measured if belongs(r.first_pass_level)]
+        caught = [r.time_to_stay for r in group if r.caught]
+        rows.append({"group": label, "n": len(group), "share": len(group) / len(measured) if measured else float("nan"),
+                     "energy": _median([r.first_pass_energy for r in group]),
+                     "time_to_line": _median([r.time_to_line for r in group]),
+                     "caught": float(np.mean([r.caught for r in group])) if group else float("nan"),
+                     "time_to_stay": _median(caught),
+                     "lqr_entries": float(np.mean([r.lqr_entries for r in group])) if group else float("nan")})
+    return rows
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
 
 
 def _first_pass_fractions(recoveries: Sequence[Recovery], enter_level: float | None) -> dict:

@@ -9,6 +9,7 @@ from mcpilco_core.control import build_controller
 from mcpilco_core.evaluation import (
     DT,
     EvaluationResult,
+    arrivals_by_level,
     disturbance_recoveries,
     evaluate_seed,
     roa_level,
@@ -131,3 +132,30 @@ def test_first_pass_level_is_not_measured_without_a_level_function(pendubot_plan
     summary = summarize_recoveries([recovery], enter_level=8.0)
     assert math.isnan(summary["first_pass_in_balance"]) and math.isnan(summary["first_pass_lost_in_balance"])
     assert math.isnan(summarize_recoveries([recovery])["first_pass_in_balance"])   # no level given either
+
+
+def test_the_first_pass_energy_and_the_lqr_entries_group_the_arrivals(pendubot_plant):
+    """The energy above the upright's at the first pass's closest state (kinetic energy of the fast pass, 0 at the
+    resting upright), the LQR's entries in the stretch, and the grouping bench_recovery prints: within the switching
+    level, up to 100 rho, beyond (the swing-up's misses)."""
+    very_fast = (math.pi, 0.0, 15.0, 0.0)                       # V/rho = 450: a miss
+    result = constructed([(100, DOWN, "reset"), (10, DOWN, "policy"), (40, UP, "lqr"),
+                          (100, DOWN, "reset"), (5, FAST_UP, "policy"), (5, DOWN, "policy"), (5, UP, "lqr"),
+                          (5, DOWN, "policy"), (10, UP, "lqr"),
+                          (100, DOWN, "reset"), (20, very_fast, "policy"), (10, DOWN, "policy")],
+                         windows=[[0.0, 100 * DT], [150 * DT, 250 * DT], [280 * DT, 380 * DT]])
+    held, fast, miss = disturbance_recoveries(result, pendubot_plant, UPRIGHT_LEVEL)
+    top = float(pendubot_plant.total_energy(np.array(UP)))
+    assert held.first_pass_energy == pytest.approx(0.0, abs=1e-12) and held.lqr_entries == 1
+    assert fast.first_pass_energy == pytest.approx(float(pendubot_plant.total_energy(np.array(FAST_UP))) - top)
+    assert fast.first_pass_energy > 0 and fast.lqr_entries == 2             # entered, lost, entered again
+    assert miss.first_pass_level == pytest.approx(450.0) and miss.lqr_entries == 0
+    within, middle, beyond = arrivals_by_level([held, fast, miss], enter_level=8.0)
+    assert (within["n"], middle["n"], beyond["n"]) == (1, 1, 1) and within["share"] == pytest.approx(1 / 3)
+    assert within["time_to_line"] == pytest.approx(10 * DT) and middle["time_to_line"] == 0.0
+    assert middle["energy"] == pytest.approx(fast.first_pass_energy) and middle["lqr_entries"] == 2.0
+    assert beyond["caught"] == 0.0 and math.isnan(beyond["time_to_stay"]) and within["caught"] == 1.0
+    (unmeasured,) = disturbance_recoveries(constructed([(100, DOWN, "reset"), (10, UP, "lqr")],
+                                                       windows=[[0.0, 100 * DT]]), pendubot_plant)
+    assert math.isnan(unmeasured.first_pass_energy) and unmeasured.lqr_entries == 1
+    assert all(g["n"] == 0 and math.isnan(g["share"]) for g in arrivals_by_level([unmeasured], 8.0))
