@@ -451,8 +451,8 @@ def run_models(root: str | Path, config: TrainConfig) -> list[tuple[int, dict]]:
         records = (run.load_trial(k, config.robot.robot) for k in run.completed_trials())
         return [(r.index, r.model_arrays) for r in records if r.model_arrays is not None]
     out = []
-    for i, entry in enumerate(RetrainDirectory(learning.retrain).history()):
-        with np.load(learning.retrain / "models" / f"model_{i:03d}.npz") as arrays:
+    for entry in RetrainDirectory(learning.retrain).history():       # model_NNN.npz is named by the retrain's index
+        with np.load(learning.retrain / "models" / f"model_{int(entry['index']):03d}.npz") as arrays:
             out.append((int(entry["trials"]), {k: arrays[k] for k in arrays.files}))
     return out
 
