@@ -10,6 +10,7 @@ still gets exactly 0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -142,7 +143,12 @@ def test_moteus_driver_gives_the_passive_motor_exactly_zero_in_every_mode(make_r
                                                                           robot: str) -> None:
     config = robot_config(robot)
     act, passive = config.actuated_joint, config.passive_joint
-    rig = make_rig(virtual_config(robot), plant=True)
+    # the commands of every mode spin the emulated plant up, and how far depends on the threads' timing: with the
+    # shipped 25 rad/s and 25 rad limits the driver's own stop (tested in test_safety.py) sometimes ended the test
+    # before the last modes ran (about every other run here). Loose limits keep this test about the passive joint.
+    config_loose = virtual_config(robot)
+    joints = tuple(dataclasses.replace(j, velocity_limit=1e3, position_limit=1e3) for j in config_loose.joints)
+    rig = make_rig(dataclasses.replace(config_loose, joints=joints), plant=True)
     actuated_motor, passive_motor = rig.motor(act), rig.motor(passive)
     seen: set[str] = set()
     for k, (mode, _, u) in enumerate(every_mode(robot)):

@@ -84,11 +84,12 @@ def test_two_trial_session_explores_records_retrains_reloads_and_scores(tmp_path
     assert polished.optimization.steps == 3
     assert json.loads((out / "polish" / "polish.json").read_text())["robot_time_s"] == 0.0
     # --policy-period refits a session's model on its bags' trials cut at the new period (twice the transitions)
-    from mcpilco_core.learning.polish import _transitions, at_policy_period
+    from mcpilco_core.learning.polish import at_policy_period
+    from mcpilco_core.learning.runs import run_transitions
 
     faster = at_policy_period(out, source, 0.01)
     assert faster.model.period == 0.01 and faster.config.robot.policy_period == 0.01
-    assert 1.8 * len(_transitions(out, source.config)) <= len(_transitions(out, faster.config))
+    assert 1.8 * len(run_transitions(out, source.config)) <= len(run_transitions(out, faster.config))
 
 
 @pytest.mark.timeout(600)
