@@ -65,14 +65,23 @@ def keep_discovery_local(env: MutableMapping[str, str], domain: int) -> None:
     env["ROS_DOMAIN_ID"] = str(domain)
 
 
-def ros_environment() -> dict[str, str]:
-    """The nodes' environment: localhost discovery and a private domain unless the caller chose one."""
+def ros_environment(log_dir: Path | None = None) -> dict[str, str]:
+    """The nodes' environment: localhost discovery and a private domain unless the caller chose one.
+
+    The nodes' ROS logs go to the caller's ``ROS_LOG_DIR`` if it set one, else to ``log_dir`` (created): kept with the
+    run they belong to rather than left behind in a new temporary folder on every run.
+    """
     env = dict(os.environ)
     env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if env.get("ROS_DISTRO") == "humble":   # Humble's rcl knows ROS_LOCALHOST_ONLY, not the range (Iron and newer)
         env.setdefault("ROS_LOCALHOST_ONLY", "1")
     env.setdefault("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
-    env.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_demo_log_"))
+    if "ROS_LOG_DIR" not in env:
+        if log_dir is None:
+            env["ROS_LOG_DIR"] = tempfile.mkdtemp(prefix="mcpilco_demo_log_")
+        else:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            env["ROS_LOG_DIR"] = str(Path(log_dir).resolve())
     env.setdefault("AMENT_PREFIX_PATH", sys.prefix)
     env.setdefault("MPLBACKEND", "Agg")
     return env
@@ -101,7 +110,7 @@ def run_demo(robot: str = "pendubot", seed: int = 0, policy: Path | None = None,
         "controller_node": {"policy": str(policy.resolve()) if policy else ""},
         "sim_driver_node": {"protocol": {"seed": int(seed)}, "record_file": str(record),
                             "duration": float(duration)}})]
-    env = ros_environment()
+    env = ros_environment(out_dir / "ros_log")
     say = (lambda *a: None) if quiet else print
     say(f"demo: {robot}, seed {seed}, policy {policy or 'none (LQR + damping)'}, config {config_path}")
     log = None if not quiet else subprocess.DEVNULL

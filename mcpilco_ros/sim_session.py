@@ -32,7 +32,7 @@ Output directory::
 
     runs/NAME/session/          trainer's session: trial_NNN/ bags + session.yaml
     runs/NAME/retrain/          trainer's run dir: policies/policy_NNN_<version>.npz, models/, retrain.json, logs
-    runs/NAME/logs/             one log per node process
+    runs/NAME/logs/             one log per node process; logs/ros/: ROS's own logs (unless ROS_LOG_DIR is set)
     runs/NAME/params/           the params files given to the nodes
     runs/NAME/trials/           the simulated robot's trajectory of each trial (.npz)
     runs/NAME/policy.npz        the final policy;   session.json, learning_curve.png
@@ -336,7 +336,7 @@ class SimSession:
         self.robot_file = Path(self.cfg.robot.source).resolve()
         self.rows: list[TrialRow] = []
         self.t0 = time.perf_counter()
-        env = ros_environment()
+        env = ros_environment(self.out / "logs" / "ros")
         for key in ROS_ENV_KEYS:        # this process's own node must share the nodes' domain
             if key in env:
                 os.environ[key] = env[key]

@@ -4,11 +4,15 @@ Set before anything imports rclpy (network hygiene, as tools/ros_env.sh). The RE
 whole suite inside a private network namespace where ``unshare -n`` works.
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
-os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="mcpilco_ros_log_"))
+if "ROS_LOG_DIR" not in os.environ:     # the nodes' logs of this test run, removed when it ends
+    os.environ["ROS_LOG_DIR"] = tempfile.mkdtemp(prefix="mcpilco_ros_log_")
+    atexit.register(shutil.rmtree, os.environ["ROS_LOG_DIR"], True)
 os.environ.setdefault("AMENT_PREFIX_PATH", sys.prefix)
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
 os.environ.setdefault("MPLBACKEND", "Agg")

@@ -185,3 +185,14 @@ def test_demo_and_session_nodes_stay_on_this_machine_on_humble_too(monkeypatch):
     assert "ROS_LOCALHOST_ONLY" not in ros_environment()     # deprecated from Jazzy on: a warning in every node
     monkeypatch.setenv("ROS_DISTRO", "humble")
     assert ros_environment()["ROS_LOCALHOST_ONLY"] == "1"
+
+
+def test_demo_and_session_nodes_log_beside_their_run_unless_the_caller_chose_a_log_folder(monkeypatch, tmp_path):
+    from mcpilco_ros.demo import ros_environment
+
+    monkeypatch.delenv("ROS_LOG_DIR", raising=False)
+    env = ros_environment(tmp_path / "run" / "ros_log")
+    assert env["ROS_LOG_DIR"] == str((tmp_path / "run" / "ros_log").resolve())
+    assert (tmp_path / "run" / "ros_log").is_dir()
+    monkeypatch.setenv("ROS_LOG_DIR", str(tmp_path / "mine"))
+    assert ros_environment(tmp_path / "run" / "ros_log")["ROS_LOG_DIR"] == str(tmp_path / "mine")
