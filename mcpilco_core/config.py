@@ -464,6 +464,9 @@ class RoaConfig:
                                     "LQR's model does not describe)", 1.0, low=0.0, high=100.0)
     exit_fraction: float = setting("the LQR hands back when V > exit_fraction * rho (hysteresis, "
                                    ">= enter_fraction)", 1.5, low=0.0, high=100.0)
+    reenter_below_line: bool = setting("after the LQR hands back (a lost catch), it takes over again only once the "
+                                       "end effector has been below the score line: the policy swings up afresh "
+                                       "instead of the LQR re-entering on the way down (off by default)", False)
 
 
 @dataclass(frozen=True)
@@ -683,6 +686,8 @@ class RobotConfig(RobotJoints):
             data.pop("selection")
         if not self.observer.enabled:                   # off: likewise
             data.pop("observer")
+        if not self.roa.reenter_below_line:             # off: likewise
+            data["roa"].pop("reenter_below_line")
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

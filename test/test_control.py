@@ -211,6 +211,36 @@ def test_lqr_hysteresis(pendubot_config):
     assert controller.mode == "idle"
 
 
+def test_lqr_reenters_after_a_lost_catch_only_once_below_the_line(pendubot_config):
+    """The opt-in roa.reenter_below_line: after the LQR hands back, a state inside the enter level is the policy's
+    until the end effector has been at or below the score line; off (the default) the LQR takes it at once."""
+    plant = DoublePendulum(pendubot_config.plant)
+    rng = np.random.default_rng(0)
+    for locked in (False, True):
+        config = dataclasses.replace(pendubot_config,
+                                     roa=dataclasses.replace(pendubot_config.roa, reenter_below_line=locked))
+        lqr_only = build_controller(config)
+        controller = Supervisor(config, lqr_only.design, lqr_only.rho, policy=lambda x: 1.0)
+        design, rho, roa = controller.design, controller.rho, config.roa
+        inside, outside = (next(x for x in sample_sublevel_states(design, np.full(200, level * rho), rng)
+                                if plant.end_effector_height(x) > plant.height_threshold)
+                           for level in (0.5 * roa.enter_fraction, 1.2 * roa.exit_fraction))
+        low = np.array([0.3, 0.0, 0.0, 0.0])                       # hanging nearly down: far below the line
+        assert plant.end_effector_height(inside) > plant.height_threshold
+        assert plant.end_effector_height(outside) > plant.height_threshold
+        assert plant.end_effector_height(low) <= plant.height_threshold
+        modes = []
+        for k, x in enumerate([inside, outside, inside, inside, low, inside]):
+            controller.step(x, 0.002 * k)
+            modes.append(controller.mode)
+        expected = (["lqr", "policy", "policy", "policy", "policy", "lqr"] if locked
+                    else ["lqr", "policy", "lqr", "lqr", "policy", "lqr"])
+        assert modes == expected, locked
+        controller.reset()                                         # forgets the lock
+        controller.step(inside, 0.0)
+        assert controller.mode == "lqr"
+
+
 def test_roa_estimate_is_simulated(pendubot_config):
     plant = DoublePendulum(pendubot_config.plant)
     design = design_lqr(plant, 0, pendubot_config.lqr.Q_diag, pendubot_config.lqr.R)

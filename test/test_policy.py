@@ -390,6 +390,21 @@ def test_the_proxy_acrobot_polished_on_two_design_robots_runs_with_the_tuned_bal
     assert result.mode_fractions.get("lqr", 0.0) > 0.05 and result.uptime > 1.0
 
 
+def test_the_reenter_config_is_the_tuned_balance_plus_the_reentry_rule(repo):
+    """config/acrobot_dither_tuned_reenter.yaml differs from acrobot_dither_tuned.yaml in roa.reenter_below_line
+    alone (the README's comparison of the two is a comparison of that rule), and shares its ROA estimate."""
+    import dataclasses
+
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control.roa import _cache_key
+
+    tuned = load_robot_config(repo / "config" / "acrobot_dither_tuned.yaml")
+    reenter = load_robot_config(repo / "config" / "acrobot_dither_tuned_reenter.yaml")
+    assert reenter.roa.reenter_below_line and not tuned.roa.reenter_below_line
+    assert dataclasses.replace(reenter, roa=tuned.roa, source=tuned.source) == tuned
+    assert _cache_key(reenter) == _cache_key(tuned) and reenter.fingerprint() != tuned.fingerprint()
+
+
 def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
     """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
     included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""

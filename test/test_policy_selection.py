@@ -469,7 +469,9 @@ def test_every_candidate_starts_from_the_supervisor_state_at_the_due_time(tmp_pa
     lead, horizon = len(live), round(config.selection.horizon / config.selection.step)
     candidates = [load_policy(SHIPPED), load_policy(tmp_path / "limp.npz")]
     for i, candidate in enumerate(candidates):
-        mode, damping, in_lqr, held_u, next_tick, lqr_since, policy, dither_offset = shadow_steps[lead + i * horizon][2]
-        assert (mode, damping, in_lqr, held_u) == at_due[:4] and next_tick == -np.inf and dither_offset == 0.0
-        assert lqr_since == at_due[5] or (np.isnan(lqr_since) and np.isnan(at_due[5]))
+        mode, damping, in_lqr, lqr_locked, held_u, next_tick, lqr_since, policy, dither_offset = \
+            shadow_steps[lead + i * horizon][2]
+        assert (mode, damping, in_lqr, lqr_locked, held_u) == at_due[:5] and next_tick == -np.inf
+        assert dither_offset == 0.0
+        assert lqr_since == at_due[6] or (np.isnan(lqr_since) and np.isnan(at_due[6]))
         np.testing.assert_array_equal(policy.weights, candidate.weights)

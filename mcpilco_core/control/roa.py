@@ -113,12 +113,13 @@ def estimate_roa(plant: DoublePendulum, design: LqrDesign, torque_limit: float, 
 
 
 def _cache_key(config: RobotConfig) -> str:
-    """Fingerprint of the config without what does not change rho: the switching fractions, the policy bound, the
+    """Fingerprint of the config without what does not change rho: the switching rules, the policy bound, the
     passive-joint friction compensation, the balance dither, the catch, the policy selection and the state observer (the
     estimate simulates the LQR alone on the config's plant, with exact states)."""
     from dataclasses import replace
 
-    neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction)
+    neutral = replace(config.roa, enter_fraction=RoaConfig.enter_fraction, exit_fraction=RoaConfig.exit_fraction,
+                      reenter_below_line=RoaConfig.reenter_below_line)
     return replace(config, roa=neutral, u_max=RobotConfig.u_max,
                    friction_compensation=FrictionCompensationConfig(), dither=BalanceDitherConfig(),
                    catch=CatchConfig(), selection=SelectionConfig(), observer=ObserverConfig()).fingerprint()

@@ -5,7 +5,9 @@ Priority, evaluated at every state (500 Hz):
 1. ``safe``    - the state (or time) is not finite, or has the wrong shape: zero torque.
 2. ``damping`` - max |dq| rose above ``damping.enter_speed`` and has not yet fallen below ``exit_speed``:
                  u = -gain * dq on the actuated joint (removes energy the PID or a bad swing put in).
-3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho;
+3. ``lqr``     - V(x) = (x~ - g)^T S (x~ - g) < enter_fraction * rho, kept until V > exit_fraction * rho
+                 (with the opt-in ``roa.reenter_below_line``, after such a hand-back only once the end effector
+                 has been below the score line again);
                  plus the robot config's opt-in balance ``dither`` (a shake on the actuated joint, phase from
                  the moment the LQR took over) that keeps a passive joint with Coulomb friction sliding, and its
                  opt-in ``catch``: above V = catch.lqr_level * rho a receding-horizon plan (control/catch.py)
@@ -60,7 +62,8 @@ class Supervisor:
         self._act = config.actuated_joint
         self._limit = config.torque_limit
         self._k_row = design.K[self._act].copy()
-        self._catch = build_catch(DoublePendulum(config.plant), design, config)
+        self._model = DoublePendulum(config.plant)     # the controller's own plant: places the score line
+        self._catch = build_catch(self._model, design, config)
         self._observer = (StateObserver(DoublePendulum(config.plant), config.observer, config.control_period)
                           if config.observer.enabled else None)
         self._candidates: list[Policy | None] = [policy, *bank]
@@ -117,6 +120,7 @@ class Supervisor:
         self._mode = "idle"
         self._damping = False
         self._in_lqr = False
+        self._lqr_locked = False
         self._held_u = 0.0
         self._lqr_since = math.nan
         self.last_cost_to_go = math.nan
@@ -131,12 +135,12 @@ class Supervisor:
 
     def capture_state(self) -> tuple:
         """What the next step depends on (the opt-in catch's plans aside), for :meth:`restore_state`."""
-        return (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
-                self._policy, self._dither_offset)
+        return (self._mode, self._damping, self._in_lqr, self._lqr_locked, self._held_u, self._next_policy_time,
+                self._lqr_since, self._policy, self._dither_offset)
 
     def restore_state(self, state: tuple) -> None:
-        (self._mode, self._damping, self._in_lqr, self._held_u, self._next_policy_time, self._lqr_since,
-         self._policy, self._dither_offset) = state
+        (self._mode, self._damping, self._in_lqr, self._lqr_locked, self._held_u, self._next_policy_time,
+         self._lqr_since, self._policy, self._dither_offset) = state
 
     @property
     def dither_offset(self) -> float:
@@ -213,6 +217,7 @@ class Supervisor:
         self._mode = "safe"
         self._damping = False
         self._in_lqr = False
+        self._lqr_locked = False
         self._next_policy_time = -math.inf
 
     def _actuated_torque(self, x: np.ndarray, t: float) -> float:
@@ -224,7 +229,7 @@ class Supervisor:
         err = wrap_state(x) - self.design.goal
         cost = float(err @ self.design.S @ err)
         self.last_cost_to_go = cost
-        if self._update_lqr(cost):
+        if self._update_lqr(cost, x):
             if self._mode != "lqr":
                 self._lqr_since = t
             self._mode = "lqr"
@@ -278,10 +283,13 @@ class Supervisor:
             self._damping = speed > settings.enter_speed
         return self._damping
 
-    def _update_lqr(self, cost: float) -> bool:
+    def _update_lqr(self, cost: float, x: np.ndarray) -> bool:
         roa = self.config.roa
         if self._in_lqr:
             self._in_lqr = cost <= roa.exit_fraction * self.rho
+            self._lqr_locked = roa.reenter_below_line and not self._in_lqr     # a lost catch
         else:
-            self._in_lqr = cost < roa.enter_fraction * self.rho
+            if self._lqr_locked and self._model.end_effector_height(x) <= self._model.height_threshold:
+                self._lqr_locked = False
+            self._in_lqr = not self._lqr_locked and cost < roa.enter_fraction * self.rho
         return self._in_lqr
