@@ -405,6 +405,28 @@ def test_the_reenter_config_is_the_tuned_balance_plus_the_reentry_rule(repo):
     assert _cache_key(reenter) == _cache_key(tuned) and reenter.fingerprint() != tuned.fingerprint()
 
 
+def test_the_select_reenter_config_is_the_selection_plus_the_reentry_rule_on_the_run_identified_plant(repo):
+    """config/acrobot_dither_select_reenter.yaml is acrobot_dither_select.yaml with the re-entry rule and the
+    candidates simulated on the plant identified from the proxy run's 22 s, nothing else (the README compares the
+    two), shares its ROA estimate, and its bank loads eleven policies (twelve candidates with the loaded one)."""
+    import dataclasses
+
+    from mcpilco_core.config import load_plant_parameters, load_robot_config
+    from mcpilco_core.control import load_bank
+    from mcpilco_core.control.roa import _cache_key
+
+    select = load_robot_config(repo / "config" / "acrobot_dither_select.yaml")
+    reenter = load_robot_config(repo / "config" / "acrobot_dither_select_reenter.yaml")
+    assert reenter.roa.reenter_below_line and not select.roa.reenter_below_line
+    run_plant = load_plant_parameters(repo / "config" / "design_robots" / "plant_models.yaml",
+                                      "identified_acrobot_proxy_run")
+    assert reenter.selection.plant == run_plant != select.selection.plant
+    assert dataclasses.replace(select.selection, plant_model=reenter.selection.plant_model,
+                               plant=run_plant) == reenter.selection
+    assert dataclasses.replace(reenter, roa=select.roa, selection=select.selection, source=select.source) == select
+    assert _cache_key(reenter) == _cache_key(select)
+    assert len(load_bank(reenter)) == 11
+
 def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
     """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
     included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""
