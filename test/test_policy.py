@@ -427,6 +427,7 @@ def test_the_select_reenter_config_is_the_selection_plus_the_reentry_rule_on_the
     assert _cache_key(reenter) == _cache_key(select)
     assert len(load_bank(reenter)) == 11
 
+
 def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
     """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
     included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""
