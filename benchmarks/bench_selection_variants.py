@@ -13,8 +13,13 @@ that credits the catch itself would choose better. Each variant changes one thin
   line.
 * ``plain``: the shipped selection (the harness check: it must give ``mcpilco evaluate``'s number).
 
+``delay:K`` is in the package since 2026-12-02 as ``selection.delay`` (s; K = int(delay / step)): alone it lost, with
+the opt-in state observer in front of the supervisor it gained (docs/learner.md, "The robot's delay in the
+selection's simulations").
+
 Run on the design robot (``config/design_robots/acrobot_exploration_identified.yaml``) with
-``config/acrobot_dither_select.yaml`` and ``policies/acrobot_hardware_proxy.npz``; no robot time:
+``config/acrobot_dither_select.yaml`` and ``policies/acrobot_hardware_proxy.npz`` (``--config``, ``--robot-profile``
+and ``--policy`` choose others); no robot time:
 
     python benchmarks/bench_selection_variants.py plain delay:1 end:0.5 end:2 --seeds 200 201 ... 223
     python benchmarks/bench_selection_variants.py delay:2 --step 0.002 --seeds 200 201 ... 223
@@ -84,9 +89,9 @@ def parse_variant(text: str) -> tuple[int, float]:
     raise argparse.ArgumentTypeError(f"expected plain, delay:K or end:W, got {text!r}")
 
 
-def controller(config: RobotConfig, variant: tuple[int, float]):
-    """The supervisor of ``config`` with the shipped policy, its selection switched to ``variant``."""
-    policy = load_policy(str(POLICY), robot=config.robot, torque_limit=config.torque_limit)
+def controller(config: RobotConfig, variant: tuple[int, float], policy_path: str = str(POLICY)):
+    """The supervisor of ``config`` with the policy file ``policy_path``, its selection switched to ``variant``."""
+    policy = load_policy(policy_path, robot=config.robot, torque_limit=config.torque_limit)
     supervisor = build_controller(config, policy)
     selection = supervisor.selection
     selection.__class__ = VariantSelection
@@ -95,12 +100,12 @@ def controller(config: RobotConfig, variant: tuple[int, float]):
 
 
 def score(args: tuple) -> float:
-    config_path, step, variant, seed, profile, duration = args
+    config_path, step, variant, seed, profile, duration, policy_path = args
     config = load_robot_config(config_path)
     if step:
         config = replace(config, selection=replace(config.selection, step=step))
-    result = evaluate_seed(controller(config, variant), config, seed, duration=duration, keep_trajectory=False,
-                           profile=profile)
+    result = evaluate_seed(controller(config, variant, policy_path), config, seed, duration=duration,
+                           keep_trajectory=False, profile=profile)
     return result.score
 
 
@@ -110,6 +115,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(200, 224)))
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--robot-profile", default=str(DESIGN_ROBOT))
+    parser.add_argument("--policy", default=str(POLICY), help="the loaded policy file (candidate 0)")
     parser.add_argument("--step", type=float, default=0.0, help="s, the simulations' RK4 step (0: the config's)")
     parser.add_argument("--duration", type=float, default=DURATION, help="s of protocol per seed")
     parser.add_argument("--jobs", type=int, default=2)
@@ -118,7 +124,8 @@ def main() -> None:
     half = len(args.seeds) // 2
     with Pool(args.jobs) as pool:
         for text, variant in variants:
-            scores = pool.map(score, [(args.config, args.step, variant, s, args.robot_profile, args.duration)
+            scores = pool.map(score, [(args.config, args.step, variant, s, args.robot_profile, args.duration,
+                                       args.policy)
                                       for s in args.seeds])
             first, second = np.mean(scores[:half] or scores), np.mean(scores[half:])
             print(f"| {text} | {first:.3f} | {second:.3f} | {np.mean(scores):.4f} |", flush=True)

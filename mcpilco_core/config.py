@@ -560,6 +560,9 @@ class SelectionConfig:
     dither_phases: int = setting("starting phases of the balance dither tried with each candidate, evenly spaced over "
                                  "its period (1 = the configured phase only; 2 = first push up or down); the work "
                                  "grows with it", 1, low=1, high=8)
+    delay: float = setting("s, the sensors' delay in the simulations: their supervisor sees the model's state "
+                           "int(delay / step) steps old, as the robot's controller does (its identified delay; 0 = "
+                           "the exact state)", 0.0, low=0.0, high=1.0)
     plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from test_friction_compensation import robot_file
 from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_config
 from mcpilco_core.control import build_controller, load_bank
 from mcpilco_core.control.roa import _cache_key
+from mcpilco_core.control.selection import PolicySelection
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.policy import PolicyError, load_policy, save_policy
 from mcpilco_core.simulation import drive, load_robot_profile
@@ -69,7 +71,9 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     ({"margin": -1.0}, "selection.margin", "must be non-negative"),
     ({"candidates": 3}, "selection", "candidates"),
     ({"dither_phases": 2}, "selection.dither_phases", "dither that is off"),
-    ({"dither_phases": 0}, "selection.dither_phases", "must be in [1, 8]")])
+    ({"dither_phases": 0}, "selection.dither_phases", "must be in [1, 8]"),
+    ({"delay": -0.001}, "selection.delay", "must be non-negative"),
+    ({"delay": 2.0}, "selection.delay", "delay")])
 def test_bad_settings_name_their_field(tmp_path, values, field, words):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
         load_robot_config(robot_file(tmp_path, "acrobot", "selection", **values))
@@ -475,3 +479,29 @@ def test_every_candidate_starts_from_the_supervisor_state_at_the_due_time(tmp_pa
         assert dither_offset == 0.0
         assert lqr_since == at_due[6] or (np.isnan(lqr_since) and np.isnan(at_due[6]))
         np.testing.assert_array_equal(policy.weights, candidate.weights)
+
+
+def test_with_a_delay_the_simulations_supervisor_sees_the_state_int_delay_over_step_steps_old(tmp_path):
+    """``selection.delay``: as on the robot (the profile's int(delay / dt)), the simulated supervisor is fed the
+    model's state that many steps old, the start state until the simulation has one that old; 0 = the exact state."""
+    for delay, steps_old in ((0.0, 0), (0.005, 2), (0.006, 3)):
+        config = load_robot_config(selecting(tmp_path, delay=delay, step=0.002, lead=0.02))
+        fed: list[np.ndarray] = []
+
+        def record(x, t, fed=fed):
+            fed.append(np.array(x))
+            return np.zeros(2)
+
+        shadow = SimpleNamespace(config=config, step=record)
+        plant = DoublePendulum(config.plant)
+        selection = PolicySelection(shadow, plant, config.selection, config.control_period, config.torque_limits)
+        assert selection.delay_steps == steps_old
+        x0 = (2.5, 0.3, 1.0, -2.0)
+        rollout = selection._rollout(x0, 0.0, 10)
+        for _ in rollout:
+            pass
+        true = [x0]
+        for _ in range(10):
+            true.append(plant.rk4_step_scalar(true[-1], (0.0, 0.0), 0.002))
+        expected = [true[max(0, k - steps_old)] for k in range(10)]
+        np.testing.assert_allclose(np.array(fed), np.array(expected), rtol=0, atol=1e-12)

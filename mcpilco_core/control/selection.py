@@ -17,7 +17,10 @@ beats the running one by more than ``margin`` s (otherwise the running one goes 
 20 ms grid restarts then). With ``dither_phases`` > 1 each candidate is simulated once per starting phase of the
 balance dither (evenly spaced over its period; 2 = the shake's first push one way or the other), and the pair that
 stays up longest is chosen: on a robot whose passive joint sticks, which way the first push goes decides many
-catches (docs/learner.md, "Choosing the shake's phase too"). The work is spread evenly over the ``lead`` s:
+catches (docs/learner.md, "Choosing the shake's phase too"). With ``delay`` > 0 the simulations' supervisor sees
+states as old as the robot's sensors report them: on a design robot with the proxy's 5 ms delay and no velocity
+noise, the delay-free simulations had lost most of the selection's gain and this gave it back (docs/learner.md, "The
+robot's delay in the selection's simulations"). The work is spread evenly over the ``lead`` s:
 ``advance`` does a fixed share after each command, so a decision costs every control step the same and is always
 ready on time. A caller that never calls ``advance`` (the evaluator) gets the rest computed when the decision is
 due: the same numbers.
@@ -28,6 +31,7 @@ Units: s, rad, rad/s, N m.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -56,6 +60,7 @@ class PolicySelection:
         self.lead_periods = max(1, int(round(settings.lead / control_period)))   # control steps until due
         self.lead_steps = max(1, int(round(settings.lead / self.dt)))
         self.horizon_steps = max(1, int(round(settings.horizon / self.dt)))
+        self.delay_steps = int(settings.delay / self.dt + 1e-9)        # the robot profile's int(delay / dt)
         dither = shadow.config.dither
         phases = settings.dither_phases if dither.amplitude > 0.0 else 1
         self.dither_offsets = tuple(k / (phases * dither.frequency) for k in range(phases))   # s
@@ -142,14 +147,17 @@ class PolicySelection:
 
     def _rollout(self, x: tuple, t: float, steps: int) -> Generator[None, None, tuple[tuple, int]]:
         """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns
-        the last state and the number of states above the line."""
+        the last state and the number of states above the line. With ``delay`` the supervisor sees the state
+        ``delay_steps`` steps old (``x`` itself until the simulation has that many)."""
         shadow, plant, dt = self.shadow, self.plant, self.dt
         l1, l2 = self._lengths
         lim0, lim1 = self.limits
         up = 0
+        seen = deque([x], maxlen=self.delay_steps + 1)                    # seen[0]: what the sensors report
         for k in range(steps):
-            u = shadow.step(np.array(x), t + k * dt)
+            u = shadow.step(np.array(seen[0]), t + k * dt)
             x = plant.rk4_step_scalar(x, (_clip(float(u[0]), lim0), _clip(float(u[1]), lim1)), dt)
+            seen.append(x)
             if -l1 * math.cos(x[0]) - l2 * math.cos(x[0] + x[1]) > self._line:
                 up += 1
             yield
