@@ -43,7 +43,7 @@ def test_plain_is_the_shipped_selection_and_each_variant_changes_only_its_part()
     design = str(bench.DESIGN_ROBOT)
     shipped = evaluate_seed(bench.build_controller(config, load_policy(str(bench.POLICY), robot="acrobot")), config,
                             200, duration=3.0, keep_trajectory=False, profile=design)
-    assert bench.score((str(bench.CONFIG), 0.0, (0, 0.0), 200, design, 3.0)) == shipped.score
+    assert bench.score((str(bench.CONFIG), 0.0, (0, 0.0), 200, design, 3.0, str(bench.POLICY))) == shipped.score
     plain = np.array(decision_values(bench, config, (0, 0.0)))
     reference = bench.build_controller(config, load_policy(str(bench.POLICY), robot="acrobot"))
     reference.step(STATE, 1.0)
