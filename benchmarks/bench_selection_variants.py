@@ -28,9 +28,7 @@ and ``--policy`` choose others); no robot time:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections import deque
 from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
@@ -41,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mcpilco_core.config import RobotConfig, load_robot_config  # noqa: E402
 from mcpilco_core.control import build_controller  # noqa: E402
-from mcpilco_core.control.selection import PolicySelection, _clip  # noqa: E402
+from mcpilco_core.control.selection import PolicySelection  # noqa: E402
 from mcpilco_core.evaluation import DURATION, evaluate_seed  # noqa: E402
 from mcpilco_core.policy import load_policy  # noqa: E402
 
@@ -52,29 +50,13 @@ DESIGN_ROBOT = ROOT / "config" / "design_robots" / "acrobot_exploration_identifi
 
 
 class VariantSelection(PolicySelection):
-    """The selection with one variant (module docstring): ``delay`` steps of sensor delay in its simulations, and
-    ``end_bonus`` s for a simulation that ends with the LQR in charge."""
+    """The selection with one variant (module docstring): ``end_bonus`` s for a simulation that ends with the LQR in
+    charge. The ``delay`` variant is the package's own ``delay_steps`` (``selection.delay``), set on the instance."""
 
-    delay = 0
     end_bonus = 0.0
 
     def _value(self, up: int) -> float:
         return up * self.dt + (self.end_bonus if self.shadow.mode == "lqr" else 0.0)
-
-    def _rollout(self, x, t, steps):
-        shadow, plant, dt = self.shadow, self.plant, self.dt
-        l1, l2 = self._lengths
-        lim0, lim1 = self.limits
-        up = 0
-        seen = deque([x] * (self.delay + 1), maxlen=self.delay + 1)    # seen[0]: the state the sensors report
-        for k in range(steps):
-            u = shadow.step(np.array(seen[0]), t + k * dt)
-            x = plant.rk4_step_scalar(x, (_clip(float(u[0]), lim0), _clip(float(u[1]), lim1)), dt)
-            seen.append(x)
-            if -l1 * math.cos(x[0]) - l2 * math.cos(x[0] + x[1]) > self._line:
-                up += 1
-            yield
-        return x, up
 
 
 def parse_variant(text: str) -> tuple[int, float]:
@@ -95,7 +77,9 @@ def controller(config: RobotConfig, variant: tuple[int, float], policy_path: str
     supervisor = build_controller(config, policy)
     selection = supervisor.selection
     selection.__class__ = VariantSelection
-    selection.delay, selection.end_bonus = variant
+    delay, selection.end_bonus = variant
+    if delay:
+        selection.delay_steps = delay
     return supervisor
 
 

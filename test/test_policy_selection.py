@@ -484,7 +484,7 @@ def test_every_candidate_starts_from_the_supervisor_state_at_the_due_time(tmp_pa
 def test_with_a_delay_the_simulations_supervisor_sees_the_state_int_delay_over_step_steps_old(tmp_path):
     """``selection.delay``: as on the robot (the profile's int(delay / dt)), the simulated supervisor is fed the
     model's state that many steps old, the start state until the simulation has one that old; 0 = the exact state."""
-    for delay, steps_old in ((0.0, 0), (0.005, 2), (0.006, 3)):
+    for delay, steps_old in ((0.0, 0), (0.005, 2), (0.008, 4)):
         config = load_robot_config(selecting(tmp_path, delay=delay, step=0.002, lead=0.02))
         fed: list[np.ndarray] = []
 

@@ -60,7 +60,7 @@ class PolicySelection:
         self.lead_periods = max(1, int(round(settings.lead / control_period)))   # control steps until due
         self.lead_steps = max(1, int(round(settings.lead / self.dt)))
         self.horizon_steps = max(1, int(round(settings.horizon / self.dt)))
-        self.delay_steps = int(settings.delay / self.dt + 1e-9)        # the robot profile's int(delay / dt)
+        self.delay_steps = int(settings.delay / self.dt)     # as the robot profile's delay: int(delay / dt)
         dither = shadow.config.dither
         phases = settings.dither_phases if dither.amplitude > 0.0 else 1
         self.dither_offsets = tuple(k / (phases * dither.frequency) for k in range(phases))   # s
