@@ -537,7 +537,8 @@ class SelectionConfig:
     config's plant, and keeping the one that stays above the score's line longest (control/selection.py says why and
     how); with ``dither_phases`` > 1, the balance dither's starting phase chosen with it. Off by default (``bank: ''``,
     ``dither_phases: 1``). Each decision's computation is spread evenly over ``lead``, so ``lead`` must leave the
-    computer time for (lead + candidates x dither_phases x horizon) / step simulated steps. Units: s.
+    computer time for (lead + (candidates x dither_phases + (finalists + 1) x noise_samples) x horizon) / step
+    simulated steps at most. Units: s, rad, rad/s, N m.
     """
 
     bank: str = setting("directory of the other candidate policies (its *.npz files, by name; relative to the robot "
@@ -563,6 +564,17 @@ class SelectionConfig:
     delay: float = setting("s, the sensors' delay in the simulations: their supervisor sees the model's state "
                            "int(delay / step) steps old, as the robot's controller does (its identified delay; 0 = "
                            "the exact state)", 0.0, low=0.0, high=1.0)
+    noise_samples: int = setting("noisy simulations of each finalist (0 = off: the noise-free simulations alone "
+                                 "decide); the finalists' values are then the mean time above the line of these, with "
+                                 "the sensors' and the torque's noise below (the same noise for every finalist); the "
+                                 "work grows by finalists x noise_samples simulations", 0, low=0, high=64)
+    finalists: int = setting("the options with the longest noise-free time above the line that are simulated again "
+                             "with noise (the running one is always among them)", 3, low=1, high=64)
+    measurement_noise: tuple[float, float, float, float] = setting(
+        "std of the readings' noise in the noisy simulations, q1, q2 (rad), dq1, dq2 (rad/s): the robot's, e.g. as "
+        "identified from its trials", (0.0, 0.0, 0.0, 0.0), low=0.0, high=100.0)
+    torque_noise: float = setting("N m, std of the noise on the actuated joint's torque in the noisy simulations",
+                                  0.0, low=0.0, high=100.0)
     plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
     @property

@@ -428,6 +428,30 @@ def test_the_select_reenter_config_is_the_selection_plus_the_reentry_rule_on_the
     assert len(load_bank(reenter)) == 11
 
 
+def test_the_select_noisy_config_is_select_reenter_plus_the_observer_the_delay_and_the_noisy_finals(repo):
+    """config/acrobot_dither_select_noisy.yaml is acrobot_dither_select_reenter.yaml with the observer of
+    acrobot_dither_observer.yaml, the design robot's delay and its identified noise in the noisy finals, nothing else
+    (the README compares the two)."""
+    import dataclasses
+
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.simulation import load_robot_profile
+
+    reenter = load_robot_config(repo / "config" / "acrobot_dither_select_reenter.yaml")
+    noisy = load_robot_config(repo / "config" / "acrobot_dither_select_noisy.yaml")
+    observer = load_robot_config(repo / "config" / "acrobot_dither_observer.yaml").observer
+    design = load_robot_profile(repo / "config" / "design_robots" / "acrobot_proxy_run_identified.yaml")
+    assert noisy.observer == observer and observer.enabled and not reenter.observer.enabled
+    settings = noisy.selection
+    assert settings.delay == design.delay and (settings.noise_samples, settings.finalists) == (4, 3)
+    assert np.allclose(settings.measurement_noise, design.measurement_noise, rtol=0.01)
+    assert np.isclose(settings.torque_noise, design.torque_noise_actuated, rtol=0.01)
+    assert dataclasses.replace(settings, delay=0.0, noise_samples=0, measurement_noise=(0.0,) * 4,
+                               torque_noise=0.0) == reenter.selection
+    assert dataclasses.replace(noisy, selection=reenter.selection, observer=reenter.observer,
+                               source=reenter.source) == reenter
+
+
 def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
     """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
     included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""

@@ -73,7 +73,13 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     ({"dither_phases": 2}, "selection.dither_phases", "dither that is off"),
     ({"dither_phases": 0}, "selection.dither_phases", "must be in [1, 8]"),
     ({"delay": -0.001}, "selection.delay", "must be non-negative"),
-    ({"delay": 2.0}, "selection.delay", "delay")])
+    ({"delay": 2.0}, "selection.delay", "delay"),
+    ({"noise_samples": -1}, "selection.noise_samples", "must be non-negative"),
+    ({"noise_samples": 65}, "selection.noise_samples", "65"),
+    ({"finalists": 0}, "selection.finalists", "must be in [1, 64]"),
+    ({"measurement_noise": [0.0, 0.0, -0.05, 0.05]}, "selection.measurement_noise", "must be"),
+    ({"measurement_noise": [0.0, 0.05]}, "selection.measurement_noise", "4"),
+    ({"torque_noise": -0.02}, "selection.torque_noise", "must be non-negative")])
 def test_bad_settings_name_their_field(tmp_path, values, field, words):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
         load_robot_config(robot_file(tmp_path, "acrobot", "selection", **values))
@@ -183,16 +189,20 @@ def test_the_candidate_that_stays_up_longest_takes_over_at_the_due_time(tmp_path
     assert np.all(traj.u[:, 0] == 0.0)                  # the passive shoulder: exactly 0 N m, always
 
 
-def test_spreading_the_work_over_the_steps_gives_the_same_run_and_each_decision_is_ready_in_time(tmp_path):
-    config = load_robot_config(selecting(tmp_path, lead=0.02, interval=0.3, horizon=1.0, step=0.004))
+@pytest.mark.parametrize("noisy", [{}, {"noise_samples": 2, "finalists": 1, "torque_noise": 0.02,
+                                          "measurement_noise": [0.0, 0.0, 0.05, 0.05]}], ids=["plain", "noisy_finals"])
+def test_spreading_the_work_over_the_steps_gives_the_same_run_and_each_decision_is_ready_in_time(tmp_path, noisy):
+    """With noisy finals too: two options, and (finalists + running) x noise_samples = 2 x 2 noisy simulations."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02, interval=0.3, horizon=1.0, step=0.004, **noisy))
     loaded = load_policy(limp(tmp_path / "limp.npz"))
     plain, _, chosen = run(config, loaded, 2.0)
     spread, supervisor, chosen_spread = run(config, loaded, 2.0, finish_steps=True)
     np.testing.assert_array_equal(plain.u, spread.u)
     np.testing.assert_array_equal(chosen, chosen_spread)
     selection = supervisor.selection
-    total = selection.lead_steps + 2 * selection.horizon_steps
+    total = selection.lead_steps + (2 + 2 * noisy.get("noise_samples", 0)) * selection.horizon_steps
     assert selection._chunk * selection.lead_periods >= total          # each advance does its share: done when due
+    assert np.all(spread.u[:, 0] == 0.0)
 
 
 def test_the_choice_comes_from_the_robot_configs_plant(tmp_path):
@@ -505,3 +515,77 @@ def test_with_a_delay_the_simulations_supervisor_sees_the_state_int_delay_over_s
             true.append(plant.rk4_step_scalar(true[-1], (0.0, 0.0), 0.002))
         expected = [true[max(0, k - steps_old)] for k in range(10)]
         np.testing.assert_allclose(np.array(fed), np.array(expected), rtol=0, atol=1e-12)
+
+
+def test_a_noisy_simulation_adds_its_noise_to_what_the_supervisor_sees_and_to_the_actuated_torque(tmp_path):
+    """The finalists' noisy simulations (``noise_samples``): the sensors' noise on the (delayed) state the simulated
+    supervisor is fed, the torque noise on the actuated joint's command before the limits; the passive joint keeps
+    exactly 0."""
+    config = load_robot_config(selecting(tmp_path, delay=0.004, step=0.002, lead=0.02))
+    fed: list[np.ndarray] = []
+
+    def record(x, t):
+        fed.append(np.array(x))
+        return np.array([0.0, 0.5])
+
+    selection = PolicySelection(SimpleNamespace(config=config, step=record), DoublePendulum(config.plant),
+                                config.selection, config.control_period, config.torque_limits)
+    rng = np.random.default_rng(3)
+    noise = (rng.standard_normal((10, 4)) * 0.1, rng.standard_normal(10) * 0.2)
+    noise[1][4] = 100.0                                           # far beyond the limit: clipped to it
+    rollout = selection._rollout((2.5, 0.3, 1.0, -2.0), 0.0, 10, noise)
+    for _ in rollout:
+        pass
+    plant, true = DoublePendulum(config.plant), [(2.5, 0.3, 1.0, -2.0)]
+    for k in range(10):
+        elbow = min(max(0.5 + noise[1][k], -config.torque_limit), config.torque_limit)
+        true.append(plant.rk4_step_scalar(true[-1], (0.0, elbow), 0.002))
+    expected = [np.array(true[max(0, k - 2)]) + noise[0][k] for k in range(10)]
+    np.testing.assert_allclose(np.array(fed), np.array(expected), rtol=0, atol=1e-12)
+
+
+def noisy_decision(tmp_path: Path, **settings):
+    """One decision on the way up with the limp policy loaded and the shipped one banked; returns the selection and the
+    noise each of its noisy simulations got [(option, measurement noise, torque noise)]."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02, horizon=1.0, step=0.004, **settings))
+    supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))
+    selection, seen = supervisor.selection, []
+    rollout = selection._rollout
+
+    def spied(x, t, steps, noise=None):
+        if noise is not None:
+            seen.append((supervisor.selection.shadow._policy, noise[0].copy(), noise[1].copy()))
+        return (yield from rollout(x, t, steps, noise))
+
+    selection._rollout = spied
+    supervisor.step(np.array([2.0, 0.5, 4.0, 0.0]), 0.0)                # on the way up: the shipped policy gets over
+    selection.finish()
+    return selection, seen
+
+
+def test_the_finalists_are_the_best_noise_free_options_and_the_running_one_valued_by_their_noisy_mean(tmp_path):
+    """With noise stds of 0 the noisy simulations repeat the noise-free ones: the finalists' values are then the
+    noise-free values of the ``finalists`` best options, the running one added (here the limp policy, last)."""
+    plain, _ = noisy_decision(tmp_path)
+    assert plain.last_options == [(0, 0.0), (1, 0.0)] and plain.last_values[1] > plain.last_values[0]
+    quiet, seen = noisy_decision(tmp_path, noise_samples=3, finalists=1)
+    assert quiet.last_options == [(1, 0.0), (0, 0.0)]                 # the best, then the running one
+    assert quiet.last_values == pytest.approx(plain.last_values[::-1], abs=1e-12)
+    assert len(seen) == 2 * 3
+
+
+def test_noisy_finalists_share_each_samples_noise_and_a_decision_repeats_its_numbers(tmp_path):
+    """Common random numbers: sample j's noise is the same for every finalist, other samples get other noise, drawn
+    with the configured stds; the same decision gives the same numbers again."""
+    settings = dict(noise_samples=3, finalists=1, measurement_noise=[0.01, 0.02, 0.5, 0.25], torque_noise=0.3)
+    first, seen = noisy_decision(tmp_path, **settings)
+    again, _ = noisy_decision(tmp_path, **settings)
+    assert first.last_values == again.last_values
+    assert len(seen) == 2 * 3
+    for j in range(3):
+        np.testing.assert_array_equal(seen[j][1], seen[3 + j][1])
+        np.testing.assert_array_equal(seen[j][2], seen[3 + j][2])
+    assert not np.array_equal(seen[0][1], seen[1][1])
+    pooled = np.concatenate([noise for _, noise, _ in seen[:3]])
+    np.testing.assert_allclose(pooled.std(axis=0), [0.01, 0.02, 0.5, 0.25], rtol=0.15)
+    assert np.concatenate([tn for _, _, tn in seen[:3]]).std() == pytest.approx(0.3, rel=0.15)

@@ -20,7 +20,12 @@ stays up longest is chosen: on a robot whose passive joint sticks, which way the
 catches (docs/learner.md, "Choosing the shake's phase too"). With ``delay`` > 0 the simulations' supervisor sees
 states as old as the robot's sensors report them: on a design robot with the proxy's 5 ms delay and no velocity
 noise, the delay-free simulations had lost most of the selection's gain and this gave it back (docs/learner.md, "The
-robot's delay in the selection's simulations"). The work is spread evenly over the ``lead`` s:
+robot's delay in the selection's simulations"). With ``noise_samples`` > 0 the ``finalists`` options that the
+noise-free simulations rank best, and the running one, are simulated again ``noise_samples`` times each with the
+robot's measurement noise (added to what the supervisor sees) and torque noise (added to the actuated joint's
+command), the same draws for every finalist, and the mean time above the line decides among them: a noise-free
+simulation rewards arrivals that only an exact state catches (docs/learner.md, "Noisy finals in the selection").
+The work is spread evenly over the ``lead`` s:
 ``advance`` does a fixed share after each command, so a decision costs every control step the same and is always
 ready on time. A caller that never calls ``advance`` (the evaluator) gets the rest computed when the decision is
 due: the same numbers.
@@ -65,6 +70,7 @@ class PolicySelection:
         phases = settings.dither_phases if dither.amplitude > 0.0 else 1
         self.dither_offsets = tuple(k / (phases * dither.frequency) for k in range(phases))   # s
         self._lengths = (float(plant.params.l[0]), float(plant.params.l[1]))
+        self._act = shadow.config.actuated_joint                          # where the torque noise goes
         self._line = float(plant.height_threshold)
         self.decisions = 0                   # decisions started since this selection was made (resets keep it)
         self.reset()
@@ -100,7 +106,8 @@ class PolicySelection:
         options = [(index, offset) for index in range(len(candidates)) for offset in self.dither_offsets]
         if running not in options:
             options.append(running)
-        total = self.lead_steps + len(options) * self.horizon_steps
+        finalists = min(self.settings.finalists, len(options)) + 1 if self.settings.noise_samples > 0 else 0
+        total = self.lead_steps + (len(options) + finalists * self.settings.noise_samples) * self.horizon_steps
         self._chunk = -(-total // self.lead_periods)    # steps of simulation per advance: done within the lead
         self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), options, running)
 
@@ -136,27 +143,69 @@ class PolicySelection:
             shadow.use_dither_offset(offset)
             _, up = yield from self._rollout(x_due, t_due, self.horizon_steps)
             values.append(self._value(up))
+        if self.settings.noise_samples > 0:
+            options, values = yield from self._noisy_finals(state_due, x_due, t_due, candidates, options, values,
+                                                            running)
         self.last_options, self.last_values = options, values
         best = int(np.argmax(values))
         keep = values[options.index(running)]
         self._choice = options[best] if values[best] > keep + self.settings.margin else running
 
+    def _noisy_finals(self, state_due: tuple, x_due: tuple, t_due: float, candidates: list, options: list,
+                      values: list, running: tuple[int, float]) -> Generator[None, None, tuple[list, list]]:
+        """The ``finalists`` best options by ``values`` and the running one, each valued by the mean time above the
+        line of ``noise_samples`` simulations with the robot's noise. Sample j's noise is the same for every
+        finalist (common random numbers: the finalists are compared on the same luck) and is seeded by the decision's
+        number and j, so a decision's numbers do not depend on how its work was spread."""
+        order = sorted(range(len(options)), key=lambda i: -values[i])[:self.settings.finalists]
+        finals = [options[i] for i in order]
+        if running not in finals:
+            finals.append(running)
+        samples = self.settings.noise_samples
+        draws = []
+        for j in range(samples):
+            rng = np.random.default_rng((self.decisions, j))
+            draws.append((rng.standard_normal((self.horizon_steps, 4)) * np.asarray(self.settings.measurement_noise),
+                          rng.standard_normal(self.horizon_steps) * self.settings.torque_noise))
+        noisy = []
+        for index, offset in finals:
+            total = 0.0
+            for noise in draws:
+                self.shadow.restore_state(state_due)
+                self.shadow.use_policy(candidates[index])
+                self.shadow.use_dither_offset(offset)
+                _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise)
+                total += self._value(up)
+            noisy.append(total / samples)
+        return finals, noisy
+
     def _value(self, up: int) -> float:
         """What an option's simulation is worth (s above the line), the shadow as the simulation left it."""
         return up * self.dt
 
-    def _rollout(self, x: tuple, t: float, steps: int) -> Generator[None, None, tuple[tuple, int]]:
+    def _rollout(self, x: tuple, t: float, steps: int,
+                 noise: tuple[np.ndarray, np.ndarray] | None = None) -> Generator[None, None, tuple[tuple, int]]:
         """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns
         the last state and the number of states above the line. With ``delay`` the supervisor sees the state
-        ``delay_steps`` steps old (``x`` itself until the simulation has that many)."""
+        ``delay_steps`` steps old (``x`` itself until the simulation has that many). ``noise``: (steps, 4) added to
+        what the supervisor sees and (steps,) N m added to the actuated joint's command (then clipped)."""
         shadow, plant, dt = self.shadow, self.plant, self.dt
         l1, l2 = self._lengths
         lim0, lim1 = self.limits
         up = 0
         seen = deque([x], maxlen=self.delay_steps + 1)                    # seen[0]: what the sensors report
         for k in range(steps):
-            u = shadow.step(np.array(seen[0]), t + k * dt)
-            x = plant.rk4_step_scalar(x, (_clip(float(u[0]), lim0), _clip(float(u[1]), lim1)), dt)
+            if noise is None:
+                u = shadow.step(np.array(seen[0]), t + k * dt)
+                u0, u1 = float(u[0]), float(u[1])
+            else:
+                u = shadow.step(np.array(seen[0]) + noise[0][k], t + k * dt)
+                u0, u1 = float(u[0]), float(u[1])
+                if self._act == 0:
+                    u0 += float(noise[1][k])
+                else:
+                    u1 += float(noise[1][k])
+            x = plant.rk4_step_scalar(x, (_clip(u0, lim0), _clip(u1, lim1)), dt)
             seen.append(x)
             if -l1 * math.cos(x[0]) - l2 * math.cos(x[0] + x[1]) > self._line:
                 up += 1
