@@ -55,6 +55,22 @@ def test_lqr_converges_from_wound_up_angles(repo):
     assert np.allclose(traj.x[-1, :2], x0[:2] - [0.02, -0.02], atol=1e-3)
 
 
+def test_the_supervisors_cost_to_go_is_that_of_the_wrapped_state_to_the_last_bit(repo):
+    """The supervisor wraps the state on floats (its 500 Hz path); the numbers must be wrap_state's exactly, at the
+    wrapping's edges (q1 = 0 / 2 pi, q2 = +-pi) and for multi-turn angles."""
+    controller = load_controller(repo / "config" / "pendubot.yaml")
+    design = controller.design
+    rng = np.random.default_rng(4)
+    edges = np.array([[0.0, math.pi, 0.1, 0.2], [2 * math.pi, -math.pi, 0.0, 0.0], [-1e-300, 3 * math.pi, 0.0, 0.0]])
+    assert controller.config.damping.enter_speed > 5.0          # the states below stay out of damping
+    states = np.concatenate([edges, rng.uniform([-30.0, -30.0, -5.0, -5.0], [30.0, 30.0, 5.0, 5.0], (300, 4))])
+    for x in states:
+        controller.reset()
+        controller.step(x, 0.0)
+        err = wrap_state(x) - design.goal
+        assert controller.last_cost_to_go == float(err @ design.S @ err)
+
+
 def test_passive_joint_is_exactly_zero_everywhere(repo):
     rng = np.random.default_rng(0)
     for robot in ("pendubot", "acrobot"):

@@ -35,7 +35,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..config import ObserverConfig, RobotConfig, SelectionConfig
-from ..plant import DoublePendulum, wrap_state
+from ..plant import DoublePendulum, wrap_angle
 from .catch import build_catch
 from .lqr import LqrDesign
 from .observer import StateObserver
@@ -160,7 +160,7 @@ class Supervisor:
         """Torques (2,) in N m for state ``x`` (4,) at time ``t`` (s)."""
         u = np.zeros(2)
         x = np.asarray(x, dtype=np.float64)
-        if x.shape != (4,) or not np.isfinite(x).all() or not math.isfinite(t):
+        if x.shape != (4,) or not all(map(math.isfinite, x.tolist())) or not math.isfinite(t):
             self._enter_safe()
             return u
         if self._observer is not None:
@@ -221,12 +221,14 @@ class Supervisor:
         self._next_policy_time = -math.inf
 
     def _actuated_torque(self, x: np.ndarray, t: float) -> float:
-        if self._update_damping(x):
+        q1, q2, dq1, dq2 = x.tolist()      # floats: the same numbers as x's, at a fraction of the cost per operation
+        if self._update_damping(dq1, dq2):
             self._leave_catch()
             self._mode = "damping"
             self._next_policy_time = -math.inf
-            return -self.config.damping.gain * x[2 + self._act]
-        err = wrap_state(x) - self.design.goal
+            return -self.config.damping.gain * (dq1, dq2)[self._act]
+        # wrap_state(x) on floats
+        err = np.array((wrap_angle(q1 - math.pi) + math.pi, wrap_angle(q2), dq1, dq2)) - self.design.goal
         cost = float(err @ self.design.S @ err)
         self.last_cost_to_go = cost
         if self._update_lqr(cost, x):
@@ -272,11 +274,11 @@ class Supervisor:
         period = self.config.control_period
         return dither.torque(round((t - self._lqr_since) / period) * period + self._dither_offset)
 
-    def _update_damping(self, x: np.ndarray) -> bool:
+    def _update_damping(self, dq1: float, dq2: float) -> bool:
         settings = self.config.damping
         if not settings.enabled:
             return False
-        speed = max(abs(x[2]), abs(x[3]))
+        speed = max(abs(dq1), abs(dq2))
         if self._damping:
             self._damping = speed > settings.exit_speed
         else:
