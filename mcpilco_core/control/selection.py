@@ -79,7 +79,8 @@ class PolicySelection:
         self.cancel()
         self.decided_at = -math.inf          # s, when the last decision started
         self.last_options: list[tuple[int, float]] = []   # (candidate, dither offset) of the last decision
-        self.last_values: list[float] = []   # s above the line, per option, of the last decision
+        self.last_values: list[float] = []   # s above the line, per option, of the last decision (with noisy finals:
+                                             # the finalists and their mean noisy values)
 
     # ---------------------------------------------------------------- the decision's life
     @property
