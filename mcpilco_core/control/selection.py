@@ -196,12 +196,10 @@ class PolicySelection:
         up = 0
         seen = deque([x], maxlen=self.delay_steps + 1)                    # seen[0]: what the sensors report
         for k in range(steps):
-            if noise is None:
-                u = shadow.step(np.array(seen[0]), t + k * dt)
-                u0, u1 = float(u[0]), float(u[1])
-            else:
-                u = shadow.step(np.array(seen[0]) + noise[0][k], t + k * dt)
-                u0, u1 = float(u[0]), float(u[1])
+            reading = np.array(seen[0]) if noise is None else np.array(seen[0]) + noise[0][k]
+            u = shadow.step(reading, t + k * dt)
+            u0, u1 = float(u[0]), float(u[1])
+            if noise is not None:
                 if self._act == 0:
                     u0 += float(noise[1][k])
                 else:
