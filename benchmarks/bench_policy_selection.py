@@ -1,7 +1,8 @@
 """The opt-in policy selection (robot config section ``selection``): its score and what it costs each control step.
 
     python benchmarks/bench_policy_selection.py --robot acrobot --config config/acrobot_select.yaml \
-        --controller policies/acrobot.npz --seeds 1000 1001 [--set selection.step=0.01,selection.lead=0.1 ...]
+        --controller policies/acrobot.npz --seeds 1000 1001 [--set selection.step=0.01,selection.lead=0.1 ...] \
+        [--robot-profile hardware_proxy] [--workers 2]
 
 For the config as it is and for each ``--set`` variant (comma-separated ``section.key=value``, validated as the file
 would be), the protocol on each seed with the controller stepped as the ROS controller node steps it: ``step`` for
@@ -9,6 +10,11 @@ the command, then ``finish_step`` (a decision's share of work) after it. Prints 
 switches per run, and the computing time per control step of ``step + finish_step`` on this machine (median, 99th
 percentile, maximum), against the control period every step must fit in; the candidates' simulations (a decision's
 work) are spread evenly over its lead, so the maximum is what a decision costs a step.
+
+With ``--workers N`` the decisions are computed in N worker processes (``selection.workers``) as the ROS controller
+node computes them: the protocol runs paced at the control period on the wall clock (a 2 ms step every 2 ms, so a
+60 s seed takes a minute), a decision not ready when due is dropped and counted as late, and the table's time per
+step is the control loop's own (sending a decision, collecting its answers).
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ from mcpilco_core.policy import load_policy  # noqa: E402
 class Timed:
     """The supervisor stepped as the controller node steps it, each control step's computing time kept (s)."""
 
-    def __init__(self, supervisor) -> None:
+    def __init__(self, supervisor, pace: float | None = None) -> None:
         self.supervisor = supervisor
         self.times: list[float] = []
         self.switches = 0
+        self.pace = pace            # paced on the wall clock at the robot's time (None: as fast as it computes)
+        self._next = None
 
     @property
     def mode(self) -> str:
@@ -46,6 +54,12 @@ class Timed:
         self.supervisor.reset()
 
     def step(self, x: np.ndarray, t: float) -> np.ndarray:
+        if self.pace is not None:   # each state arrives when the robot's clock says (reset windows included)
+            now = time.perf_counter()
+            if self._next is None:
+                self._next = now - t
+            if self._next + t > now:
+                time.sleep(self._next + t - now)
         start = time.perf_counter()
         before = self.supervisor.selected
         u = self.supervisor.step(x, t)
@@ -78,26 +92,37 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001])
     parser.add_argument("--set", dest="variants", action="append", default=[],
                         help="a variant of the config: section.key=value[,section.key=value...] (repeatable)")
+    parser.add_argument("--robot-profile", default=None,
+                        help="the simulated robot (a profile name or file, as mcpilco evaluate takes; default nominal)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="compute the decisions in this many worker processes, paced in real time (0: in the loop)")
     args = parser.parse_args()
     print("| config | score | decisions / switches per run | step + finish_step per control step: median / "
-          "99th percentile / max (ms) |")
-    print("|---|---|---|---|")
+          "99th percentile / max (ms) | late decisions |")
+    print("|---|---|---|---|---|")
     for assignments in ["", *args.variants]:
         config = variant(args.config, assignments) if assignments else load_robot_config(args.config)
         policy = load_policy(args.controller, robot=args.robot, torque_limit=config.torque_limit)
-        scores, decisions, switches, times = [], [], [], []
+        scores, decisions, switches, times, late = [], [], [], [], []
         for seed in args.seeds:
-            timed = Timed(build_controller(config, policy))
+            supervisor = build_controller(config, policy)
+            supervisor.start_selection_workers(args.workers, wait=False)
+            timed = Timed(supervisor, config.control_period if args.workers else None)
             gc.freeze()        # as the ROS nodes do after their setup (run_node): no full collection walks it
-            scores.append(evaluate_seed(timed, config, seed, keep_trajectory=False).score)
-            selection = timed.supervisor.selection
+            scores.append(evaluate_seed(timed, config, seed, keep_trajectory=False,
+                                        profile=args.robot_profile).score)
+            supervisor.close()
+            selection = supervisor.selection
             decisions.append(selection.decisions if selection is not None else 0)
+            late.append(selection.late_decisions if selection is not None else 0)
+            if selection is not None and selection.failure:
+                sys.exit(f"selection workers failed: {selection.failure}")
             switches.append(timed.switches)
             times.extend(timed.times)
         ms = np.asarray(times) * 1e3
         print(f"| {assignments or args.config} | {np.mean(scores):.4f} | {np.mean(decisions):.0f} / "
               f"{np.mean(switches):.0f} | {np.median(ms):.3f} / {np.percentile(ms, 99):.2f} / {ms.max():.2f} "
-              f"(period {config.control_period * 1e3:g}) |", flush=True)
+              f"(period {config.control_period * 1e3:g}) | {np.mean(late):.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -575,6 +575,10 @@ class SelectionConfig:
         "identified from its trials", (0.0, 0.0, 0.0, 0.0), low=0.0, high=100.0)
     torque_noise: float = setting("N m, std of the noise on the actuated joint's torque in the noisy simulations",
                                   0.0, low=0.0, high=100.0)
+    workers: int = setting("processes that compute the decisions beside a real-time controller (the ROS controller "
+                           "node), each on its own core (0 = in the control loop, spread over the lead); a decision "
+                           "not ready when due is dropped there and the running policy goes on. The evaluator "
+                           "computes the same decisions in its own process", 0, low=0, high=16)
     plant: PlantParameters | None = None     # plant_model's parameters, resolved when the file is read (None: '')
 
     @property

@@ -48,6 +48,7 @@ from std_srvs.srv import SetBool, Trigger
 
 from mcpilco_core.control import Supervisor, build_controller
 from mcpilco_core.control.exploration import ExplorationController, exploration_command, trial_rng
+from mcpilco_core.control.selection_workers import SelectionWorkerError
 from mcpilco_core.paths import policies_dir
 from mcpilco_core.policy import PolicyError, SumOfGaussiansPolicy, load_policy
 from mcpilco_core.simulation import RESET_FRAME
@@ -72,6 +73,9 @@ CONTROLLER_PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("watchdog_timeout", 0.05, "s without a valid joint_states message before zero torque and a "
               "diagnostics error", 0.001, 10.0),
     ParamSpec("warn_throttle", 1.0, "s, at most one warning about refused messages per this period", 0.0, 3600.0),
+    ParamSpec("selection_wait_for_workers", False, "with the robot config's selection.workers: wait for a decision "
+              "not ready when due (a lockstep simulation: the evaluator's numbers); false (a robot): drop it, the "
+              "running policy goes on"),
     ParamSpec("exploration.enabled", False, "start in exploration mode (random torques, MC-PILCO trial 0); "
               "~/explore switches it while disarmed"),
     ParamSpec("exploration.amplitude", 3.0, "N m, exploration torques are uniform in +-amplitude (at most "
@@ -147,6 +151,14 @@ class ControllerNode(ConfiguredNode):
         self._explorer = None               # the ExplorationController of the current run
         if own["exploration.enabled"]:
             self._set_exploring(True)
+
+        try:   # the opt-in selection's decisions on other cores; a decision late when due is dropped
+            workers = self.supervisor.start_selection_workers(wait=bool(own["selection_wait_for_workers"]))
+        except SelectionWorkerError as exc:
+            raise ParameterError(f"parameter 'selection.workers': {exc}") from exc
+        if workers:
+            self.get_logger().info(f"policy selection: decisions computed in {workers} worker processes")
+        self._late_reported = 0             # the selection's late decisions at the last diagnostics
 
         self.command_pub = self.create_publisher(JointState, "joint_commands", CONTROL_QOS)
         self.create_subscription(JointState, "joint_states", self._on_state, CONTROL_QOS)
@@ -369,6 +381,14 @@ class ControllerNode(ConfiguredNode):
             level, message = WARN, (f"a share of a policy selection's decision took {plan['max'] / 1e3:.1f} ms, longer "
                                     f"than the control period ({period_us / 1e3:g} ms): raise selection.lead or "
                                     f"selection.step, or shorten selection.horizon, for this computer")
+        if selection is not None:
+            late, self._late_reported = selection.late_decisions - self._late_reported, selection.late_decisions
+            if level == OK and selection.failure:
+                level, message = WARN, (f"the policy selection's workers failed: no more decisions, the running "
+                                        f"policy goes on ({selection.failure.splitlines()[-1]})")
+            elif level == OK and late > 0:
+                level, message = WARN, (f"{late} of the policy selection's decisions were late or skipped since the "
+                                        f"last report: more selection.workers (cores), or raise selection.lead")
         period = self.state_period.summary(1e3)
         values = {"mode": self._last_mode, "armed": self.armed, "watchdog_tripped": self.watchdog_tripped,
                   "friction_compensation": self.config.friction_compensation.enabled,
@@ -377,6 +397,9 @@ class ControllerNode(ConfiguredNode):
                   "selection": selection is not None, "selected_candidate": self.supervisor.selected,
                   "selected_dither_offset_s": self.supervisor.dither_offset,
                   "selection_decisions": selection.decisions if selection is not None else 0,
+                  "selection_workers": selection.worker_count if selection is not None else 0,
+                  "selection_late_decisions": selection.late_decisions if selection is not None else 0,
+                  "selection_failure": selection.failure if selection is not None else "",
                   "policy_version": self.policy_version, "policy_path": str(self.policy_path or ""),
                   "rho": self.supervisor.rho, "states_received": self.states_received,
                   "commands_published": self.commands_published,
@@ -389,6 +412,13 @@ class ControllerNode(ConfiguredNode):
                   "exploration_runs": self.exploration_runs}
         values.update({f"refused_{k}": v for k, v in self.refused.items()})
         self.publish_status("controller", level, message, values)
+
+    def destroy_node(self) -> None:
+        """Stop the opt-in selection's worker processes with the node."""
+        supervisor = getattr(self, "supervisor", None)     # absent when the parameters were refused
+        if supervisor is not None:
+            supervisor.close()
+        super().destroy_node()
 
     def on_shutdown(self) -> None:
         """A zero command on the way out when armed, and held until the driver has it.

@@ -353,7 +353,8 @@ class SimSession:
         cfg = self.cfg
         return write_overrides(self.out / "params" / "session.yaml", {
             "controller_node": {"policy": "", "arm_on_start": False, "watchdog_timeout": WATCHDOG_TIMEOUT,
-                                "diagnostics_period": 0.2, "exploration": {
+                                "diagnostics_period": 0.2, "selection_wait_for_workers": True,   # lockstep
+                                "exploration": {
                                     "enabled": True, "amplitude": float(cfg.exploration_amplitude),
                                     "seed": int(cfg.seed)}},
             "trainer_node": {"session_dir": str(self.out / "session"), "run_dir": str(self.out / "retrain"),

@@ -430,8 +430,8 @@ def test_the_select_reenter_config_is_the_selection_plus_the_reentry_rule_on_the
 
 def test_the_select_noisy_config_is_select_reenter_plus_the_observer_the_delay_and_the_noisy_finals(repo):
     """config/acrobot_dither_select_noisy.yaml is acrobot_dither_select_reenter.yaml with the observer of
-    acrobot_dither_observer.yaml, the design robot's delay and its identified noise in the noisy finals, nothing else
-    (the README compares the two)."""
+    acrobot_dither_observer.yaml, the design robot's delay and its identified noise in the noisy finals, and two
+    worker processes for the ROS node's decisions, nothing else (the README compares the two)."""
     import dataclasses
 
     from mcpilco_core.config import load_robot_config
@@ -446,8 +446,9 @@ def test_the_select_noisy_config_is_select_reenter_plus_the_observer_the_delay_a
     assert settings.delay == design.delay and (settings.noise_samples, settings.finalists) == (4, 3)
     assert np.allclose(settings.measurement_noise, design.measurement_noise, rtol=0.01)
     assert np.isclose(settings.torque_noise, design.torque_noise_actuated, rtol=0.01)
+    assert settings.workers == 2 and reenter.selection.workers == 0
     assert dataclasses.replace(settings, delay=0.0, noise_samples=0, measurement_noise=(0.0,) * 4,
-                               torque_noise=0.0) == reenter.selection
+                               torque_noise=0.0, workers=0) == reenter.selection
     assert dataclasses.replace(noisy, selection=reenter.selection, observer=reenter.observer,
                                source=reenter.source) == reenter
 

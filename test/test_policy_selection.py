@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,7 +80,9 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     ({"finalists": 0}, "selection.finalists", "must be in [1, 64]"),
     ({"measurement_noise": [0.0, 0.0, -0.05, 0.05]}, "selection.measurement_noise", "must be"),
     ({"measurement_noise": [0.0, 0.05]}, "selection.measurement_noise", "4"),
-    ({"torque_noise": -0.02}, "selection.torque_noise", "must be non-negative")])
+    ({"torque_noise": -0.02}, "selection.torque_noise", "must be non-negative"),
+    ({"workers": -1}, "selection.workers", "must be non-negative"),
+    ({"workers": 17}, "selection.workers", "17")])
 def test_bad_settings_name_their_field(tmp_path, values, field, words):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
         load_robot_config(robot_file(tmp_path, "acrobot", "selection", **values))
@@ -152,9 +155,11 @@ def test_a_run_or_session_copy_of_the_config_brings_the_bank_and_loads_on_its_ow
     assert plain.read_bytes() == (REPO / "config" / "acrobot.yaml").read_bytes()
     assert not (tmp_path / "plain" / "selection_bank").exists()
 
-def run(config, policy, seconds: float, finish_steps: bool = False, profile: str = "nominal"):
-    """``seconds`` from rest on the robot ``profile``; returns (trajectory, supervisor, selected index per step)."""
+def run(config, policy, seconds: float, finish_steps: bool = False, profile: str = "nominal", workers: int = 0):
+    """``seconds`` from rest on the robot ``profile``; returns (trajectory, supervisor, selected index per step).
+    ``workers``: the decisions computed in that many worker processes, each waited for when due."""
     supervisor = build_controller(config, policy)
+    supervisor.start_selection_workers(workers, wait=True)
     selected = []
 
     class Watched:
@@ -169,7 +174,10 @@ def run(config, policy, seconds: float, finish_steps: bool = False, profile: str
             return u
 
     robot = load_robot_profile(profile).robot(config, 0)
-    traj = drive(robot, Watched(), int(round(seconds / config.control_period)))
+    try:
+        traj = drive(robot, Watched(), int(round(seconds / config.control_period)))
+    finally:
+        supervisor.close()
     return traj, supervisor, np.array(selected)
 
 
@@ -589,3 +597,95 @@ def test_noisy_finalists_share_each_samples_noise_and_a_decision_repeats_its_num
     pooled = np.concatenate([noise for _, noise, _ in seen[:3]])
     np.testing.assert_allclose(pooled.std(axis=0), [0.01, 0.02, 0.5, 0.25], rtol=0.15)
     assert np.concatenate([tn for _, _, tn in seen[:3]]).std() == pytest.approx(0.3, rel=0.15)
+
+
+# ---------------------------------------------------------------- the decisions in worker processes (selection.workers)
+@pytest.mark.parametrize("noisy", [{}, {"noise_samples": 2, "finalists": 1, "torque_noise": 0.02,
+                                          "measurement_noise": [0.0, 0.0, 0.05, 0.05]}], ids=["plain", "noisy_finals"])
+def test_decisions_computed_in_worker_processes_are_the_in_loop_ones_bit_for_bit(tmp_path, noisy):
+    """Two workers split each round of simulations (the options', then the noisy finalists'); waited for when due,
+    the run is the in-loop one to the last bit: the same choices, values and torques."""
+    config = load_robot_config(selecting(tmp_path, lead=0.04, interval=0.5, step=0.004, **noisy))
+    loaded = load_policy(limp(tmp_path / "limp.npz"))
+    plain, in_loop, chosen = run(config, loaded, 3.0, finish_steps=True)
+    remote, supervisor, chosen_remote = run(config, loaded, 3.0, finish_steps=True, workers=2)
+    np.testing.assert_array_equal(plain.u, remote.u)
+    np.testing.assert_array_equal(chosen, chosen_remote)
+    assert np.any(chosen == 1)                                    # a decision switched to the bank's policy
+    selection = supervisor.selection
+    assert selection.decisions == in_loop.selection.decisions >= 3
+    assert selection.last_options == in_loop.selection.last_options
+    assert selection.last_values == in_loop.selection.last_values
+    assert selection.late_decisions == 0 and not selection.failure
+    assert selection.worker_count == 0                            # run() closed them
+    assert np.all(remote.u[:, 0] == 0.0)
+
+
+def started_decision(tmp_path: Path, workers: int, wait: bool, **settings):
+    """A supervisor with the limp policy loaded and the shipped one banked, its decisions in ``workers`` processes,
+    and one decision started on the way up (the first state starts one)."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02, horizon=2.0, step=0.004, **settings))
+    supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))
+    supervisor.start_selection_workers(workers, wait=wait)
+    supervisor.step(np.array([2.0, 0.5, 4.0, 0.0]), 0.0)
+    assert supervisor.selection.pending
+    return supervisor
+
+
+def wait_until(condition, seconds: float = 30.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_in_real_time_a_decision_not_ready_when_due_is_dropped_and_none_starts_while_the_workers_are_busy(tmp_path):
+    """A real-time caller never waits: the decision asked for at once is dropped (the running, limp, policy goes on),
+    the next one is skipped while the worker is still on the dropped one, and once it is done decisions come again
+    and are applied."""
+    supervisor = started_decision(tmp_path, 1, wait=False)
+    selection = supervisor.selection
+    try:
+        assert not selection.ready
+        assert selection.finish() == (0, 0.0) and selection.late_decisions == 1 and not selection.pending
+        selection.start(supervisor.capture_state(), np.array([2.0, 0.5, 4.0, 0.0]), 0.01, supervisor._candidates,
+                        (0, 0.0))
+        assert not selection.pending and selection.late_decisions == 2 and selection.decisions == 1
+        time.sleep(0.5)
+        supervisor.step(np.array([2.0, 0.5, 4.0, 0.0]), 10.0)          # after a gap: a new decision starts
+        assert selection.pending and selection.decisions == 2
+        wait_until(lambda: (supervisor.finish_step(), selection.ready)[1])
+        assert selection.finish() == (1, 0.0) and selection.late_decisions == 2 and not selection.failure
+    finally:
+        supervisor.close()
+
+
+def test_a_worker_that_is_gone_ends_the_decisions_and_the_running_policy_goes_on(tmp_path):
+    """A worker process killed mid-run: no exception reaches the control loop, ``failure`` says what happened, the
+    workers are stopped, no decision starts again, and the torques go on (the passive joint's exactly 0)."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02, interval=0.3, horizon=1.0, step=0.004))
+    supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))
+    supervisor.start_selection_workers(1, wait=True)
+    selection = supervisor.selection
+    process = selection._workers._processes[0]
+    process.kill()
+    process.join(5.0)
+    robot = load_robot_profile("nominal").robot(config, 0)
+    traj = drive(robot, supervisor, 500)
+    assert "gone" in selection.failure and selection.worker_count == 0
+    assert selection.decisions <= 1 and not selection.pending
+    assert np.all(traj.u[:, 0] == 0.0) and np.all(np.isfinite(traj.u))
+    supervisor.close()
+
+
+def test_workers_are_started_only_for_a_selection_and_stopped_by_close(tmp_path):
+    plain = build_controller(load_robot_config(REPO / "config" / "acrobot.yaml"), load_policy(SHIPPED))
+    assert plain.start_selection_workers(2) == 0
+    config = load_robot_config(selecting(tmp_path, workers=2))
+    supervisor = build_controller(config, load_policy(SHIPPED))
+    assert supervisor.selection.worker_count == 0              # none unless asked: the evaluator computes in-loop
+    assert supervisor.start_selection_workers() == 2           # the config's count
+    processes = list(supervisor.selection._workers._processes)
+    assert all(p.is_alive() for p in processes)
+    supervisor.close()
+    assert supervisor.selection.worker_count == 0 and not any(p.is_alive() for p in processes)

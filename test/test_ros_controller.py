@@ -413,3 +413,43 @@ def test_diagnostics_say_whether_the_state_observer_is_on(observer):
         assert controller.config.observer.enabled is observer
         wait_for(lambda: (st := peer.last_status("controller")) is not None
                  and status_values(st)["observer"] == str(observer), what="diagnostics with the observer's state")
+
+
+def test_selection_workers_run_beside_the_node_report_a_failure_and_stop_with_it(tmp_path):
+    """``selection.workers``: the node starts the worker processes and reports them in diagnostics; a worker that is
+    gone is a WARN that says the decisions stopped (the node goes on answering, the passive joint at exactly 0);
+    destroying the node stops the workers."""
+    save_policy(random_policy(3), tmp_path / "candidate.npz")
+    save_policy(random_policy(5), tmp_path.parent / "loaded.npz")
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, policy=str(tmp_path.parent / "loaded.npz"),
+                                     **{"selection.bank": str(tmp_path), "selection.workers": 1})
+        selection = controller.supervisor.selection
+        assert selection.worker_count == 1
+        process = selection._workers._processes[0]
+        wait_for(lambda: (st := peer.last_status("controller")) is not None
+                 and status_values(st)["selection_workers"] == "1" and level(st) == OK, what="workers reported")
+        process.kill()
+        process.join(5.0)
+        for k in range(5):
+            peer.pub.publish(joint_state((0.1, 0.0), stamp_ns=(k + 1) * 2_000_000))
+        wait_for(lambda: (st := peer.last_status("controller")) is not None and level(st) == WARN
+                 and "workers failed" in st.message and status_values(st)["selection_workers"] == "0",
+                 what="the failure reported")
+        assert all(m.effort[1] == 0.0 for m in answers(peer))        # the pendubot's passive elbow
+        assert len(answers(peer)) >= 1
+    assert not process.is_alive()
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_the_node_stops_its_selection_workers_when_destroyed(tmp_path, wait):
+    """On a robot a decision late when due is dropped; ``selection_wait_for_workers`` (a lockstep simulation, as
+    ``mcpilco session --sim`` runs) waits for it."""
+    save_policy(random_policy(3), tmp_path / "candidate.npz")
+    with rig() as r:
+        controller = r.add(make_controller(r.context, selection_wait_for_workers=wait,
+                                           **{"selection.bank": str(tmp_path), "selection.workers": 2}))
+        processes = list(controller.supervisor.selection._workers._processes)
+        assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        assert controller.supervisor.selection._wait_for_workers is wait
+    assert not any(p.is_alive() for p in processes)

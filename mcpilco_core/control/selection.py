@@ -42,6 +42,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 import numpy as np
 
 from ..plant import DoublePendulum
+from .selection_workers import SelectionWorkerError, SelectionWorkers
 
 Policy = Callable[[np.ndarray], float]
 
@@ -73,7 +74,42 @@ class PolicySelection:
         self._act = shadow.config.actuated_joint                          # where the torque noise goes
         self._line = float(plant.height_threshold)
         self.decisions = 0                   # decisions started since this selection was made (resets keep it)
+        self._workers: SelectionWorkers | None = None
+        self._wait_for_workers = True
+        self._outstanding = 0                # answers the workers still owe, stale decisions' included
+        self.late_decisions = 0              # with workers, real time: decisions not ready when due, or not started
+        self.failure = ""                    # why the workers stopped (then no more decisions: the running one goes on)
         self.reset()
+
+    def use_workers(self, workers: SelectionWorkers | None, wait: bool = True) -> None:
+        """Compute the decisions in ``workers`` (None: in this process, spread over the lead by :meth:`advance`).
+        ``wait``: a decision not ready when due is waited for (the in-loop numbers: the evaluator); else (a real-time
+        caller) it is dropped, the running option goes on, and no decision starts while the workers are still busy
+        with an earlier one; both count in ``late_decisions``."""
+        self.cancel()
+        self._workers = workers
+        self._wait_for_workers = wait
+        self._outstanding = 0
+
+    @property
+    def worker_count(self) -> int:
+        """Worker processes computing the decisions (0: in this process)."""
+        return self._workers.count if self._workers is not None else 0
+
+    def prime(self, candidates: Sequence[Policy]) -> None:
+        """Send the workers the candidates now (a decision sends them when they changed, which would cost its
+        control step the pickling: ~ms for a bank of twelve)."""
+        if self._workers is not None:
+            try:
+                self._workers.send_candidates(candidates)
+            except SelectionWorkerError as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        """Stop the workers, if any (the decisions are then computed in this process)."""
+        if self._workers is not None:
+            self._workers.close()
+        self._workers = None
 
     def reset(self) -> None:
         self.cancel()
@@ -85,7 +121,14 @@ class PolicySelection:
     # ---------------------------------------------------------------- the decision's life
     @property
     def pending(self) -> bool:
-        return self._work is not None
+        return self._work is not None or self._remote is not None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the pending decision's choice is known (with workers: all their answers are in)."""
+        if self._remote is not None:
+            return self._remote["done"]
+        return self._choice is not None
 
     @property
     def due(self) -> float:
@@ -93,6 +136,7 @@ class PolicySelection:
 
     def cancel(self) -> None:
         self._work: Iterator[None] | None = None
+        self._remote: dict | None = None     # a decision the workers compute
         self._due = math.inf
         self._choice: tuple[int, float] | None = None
 
@@ -101,19 +145,33 @@ class PolicySelection:
         """Begin a decision for the state measured at ``t`` (the live supervisor's ``state`` before this step);
         ``running``: the option in charge (candidate index, dither offset in s)."""
         self.decided_at = t
+        if self.failure:
+            return
+        if self._workers is not None and not self._wait_for_workers and self._outstanding > 0:
+            self._collect(0.0)              # a dropped decision's answers
+            if self._outstanding > 0 or self.failure:
+                self.late_decisions += 1    # the workers are still on an earlier decision: none this time
+                return
         self.decisions += 1
         self._due = t + self.lead_steps * self.dt
         self._choice = None
         options = [(index, offset) for index in range(len(candidates)) for offset in self.dither_offsets]
         if running not in options:
             options.append(running)
+        if self._workers is not None:
+            self._start_remote(state, tuple(float(v) for v in x), t, list(candidates), options, running)
+            return
         finalists = min(self.settings.finalists, len(options)) + 1 if self.settings.noise_samples > 0 else 0
         total = self.lead_steps + (len(options) + finalists * self.settings.noise_samples) * self.horizon_steps
         self._chunk = -(-total // self.lead_periods)    # steps of simulation per advance: done within the lead
         self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), options, running)
 
     def advance(self) -> None:
-        """Do this control step's share of the pending decision (after the command went out)."""
+        """Do this control step's share of the pending decision (after the command went out); with workers,
+        collect what they have answered."""
+        if self._remote is not None:
+            self._collect(0.0)
+            return
         if self._work is None or self._choice is not None:
             return
         for _ in range(self._chunk):
@@ -123,6 +181,8 @@ class PolicySelection:
     def finish(self) -> tuple[int, float]:
         """The decision's choice (candidate index, dither offset), computing whatever is left; the decision is then
         over."""
+        if self._remote is not None:
+            return self._finish_remote()
         while self._choice is None:
             if next(self._work, StopIteration) is StopIteration:
                 break
@@ -130,55 +190,145 @@ class PolicySelection:
         self.cancel()
         return choice
 
+    # ---------------------------------------------------------------- a decision in the workers
+    def _start_remote(self, state: tuple, x: tuple, t: float, candidates: list, options: list,
+                      running: tuple[int, float]) -> None:
+        if state[7] is not candidates[running[0]]:
+            raise ValueError("the supervisor's running policy is not the running candidate")
+        self._remote = {"args": (self.decisions, state, x, t, running[0], self.decisions), "candidates": candidates,
+                        "options": options, "running": running, "kind": "values", "answers": [], "done": False}
+        self._send_round("values", list(enumerate(options)))
+
+    def _send_round(self, kind: str, tasks: list) -> None:
+        remote = self._remote
+        remote["kind"], remote["answers"] = kind, []
+        try:
+            remote["expected"] = self._workers.send_round(kind, *remote["args"], tasks, remote["candidates"])
+        except SelectionWorkerError as exc:
+            self._fail(exc)
+            return
+        self._outstanding += remote["expected"]
+
+    def _collect(self, timeout: float | None) -> None:
+        """Take the workers' answers (waiting up to ``timeout`` s for one); a round complete starts the next one or
+        concludes the decision."""
+        try:
+            answers = self._workers.receive(timeout)
+        except SelectionWorkerError as exc:
+            self._fail(exc)
+            return
+        self._outstanding -= len(answers)
+        remote = self._remote
+        if remote is None or remote["done"]:
+            return
+        remote["answers"].extend(items for kind, decision_id, items in answers
+                                 if decision_id == remote["args"][0] and kind == remote["kind"])
+        if len(remote["answers"]) < remote["expected"]:
+            return
+        results = [item for items in remote["answers"] for item in items]
+        if remote["kind"] == "values":
+            values = [value for _, value in sorted(results)]
+            if self.settings.noise_samples > 0:
+                remote["finals"] = self.finalists(remote["options"], values, remote["running"])
+                self._send_round("noisy", [(k, option, j) for k, option in enumerate(remote["finals"])
+                                           for j in range(self.settings.noise_samples)])
+                return
+            self._conclude(remote["options"], values, remote["running"])
+        else:
+            samples: dict[int, dict[int, float]] = {}
+            for k, j, value in results:
+                samples.setdefault(k, {})[j] = value
+            values = [self.noisy_value([samples[k][j] for j in sorted(samples[k])]) for k in range(len(samples))]
+            self._conclude(remote["finals"], values, remote["running"])
+        remote["done"] = True
+
+    def _finish_remote(self) -> tuple[int, float]:
+        running = self._remote["running"]
+        while self._remote is not None and not self._remote["done"] and self._wait_for_workers:
+            self._collect(None)
+        if self._remote is not None and not self._remote["done"]:
+            self._collect(0.0)
+        if self._remote is not None and not self._remote["done"]:        # real time: not ready when due
+            self.late_decisions += 1
+            self._choice = running
+        choice = self._choice if self._choice is not None else running
+        self.cancel()
+        return choice
+
+    def _fail(self, exc: SelectionWorkerError) -> None:
+        """Workers that failed: no more decisions (the running option goes on); ``failure`` says why."""
+        self.failure = str(exc)
+        self._remote = None
+        self.close()
+
     # ---------------------------------------------------------------- the simulations
     def _decide(self, state: tuple, x: tuple, t: float, candidates: list, options: list,
                 running: tuple[int, float]) -> Iterator[None]:
-        shadow = self.shadow
-        shadow.restore_state(state)
-        x_due, _ = yield from self._rollout(x, t, self.lead_steps)
-        t_due, state_due = t + self.lead_steps * self.dt, shadow.capture_state()
+        due = yield from self._lead(state, x, t)
         values = []
-        for index, offset in options:
-            shadow.restore_state(state_due)
-            shadow.use_policy(candidates[index])
-            shadow.use_dither_offset(offset)
-            _, up = yield from self._rollout(x_due, t_due, self.horizon_steps)
-            values.append(self._value(up))
+        for option in options:
+            values.append((yield from self._simulate(due, candidates, option)))
         if self.settings.noise_samples > 0:
-            options, values = yield from self._noisy_finals(state_due, x_due, t_due, candidates, options, values,
-                                                            running)
+            options = self.finalists(options, values, running)
+            values = []
+            for option in options:
+                samples = []
+                for j in range(self.settings.noise_samples):
+                    samples.append((yield from self._simulate(due, candidates, option,
+                                                              self.noise(self.decisions, j))))
+                values.append(self.noisy_value(samples))
+        self._conclude(options, values, running)
+
+    def _conclude(self, options: list, values: list, running: tuple[int, float]) -> None:
+        """The choice from the options' values: the best one if it beats the running one by more than the margin."""
         self.last_options, self.last_values = options, values
         best = int(np.argmax(values))
         keep = values[options.index(running)]
         self._choice = options[best] if values[best] > keep + self.settings.margin else running
 
-    def _noisy_finals(self, state_due: tuple, x_due: tuple, t_due: float, candidates: list, options: list,
-                      values: list, running: tuple[int, float]) -> Generator[None, None, tuple[list, list]]:
-        """The ``finalists`` best options by ``values`` and the running one, each valued by the mean time above the
-        line of ``noise_samples`` simulations with the robot's noise. Sample j's noise is the same for every
-        finalist (common random numbers: the finalists are compared on the same luck) and is seeded by the decision's
-        number and j, so a decision's numbers do not depend on how its work was spread."""
+    def finalists(self, options: list, values: list, running: tuple[int, float]) -> list:
+        """The ``finalists`` best options by their noise-free ``values``, then the running one if it is not among
+        them: the options the noisy simulations value again."""
         order = sorted(range(len(options)), key=lambda i: -values[i])[:self.settings.finalists]
         finals = [options[i] for i in order]
         if running not in finals:
             finals.append(running)
-        samples = self.settings.noise_samples
-        draws = []
-        for j in range(samples):
-            rng = np.random.default_rng((self.decisions, j))
-            draws.append((rng.standard_normal((self.horizon_steps, 4)) * np.asarray(self.settings.measurement_noise),
-                          rng.standard_normal(self.horizon_steps) * self.settings.torque_noise))
-        noisy = []
-        for index, offset in finals:
-            total = 0.0
-            for noise in draws:
-                self.shadow.restore_state(state_due)
-                self.shadow.use_policy(candidates[index])
-                self.shadow.use_dither_offset(offset)
-                _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise)
-                total += self._value(up)
-            noisy.append(total / samples)
-        return finals, noisy
+        return finals
+
+    def noise(self, decision: int, sample: int) -> tuple[np.ndarray, np.ndarray]:
+        """Noisy simulation ``sample``'s noise in decision number ``decision``: (horizon steps, 4) added to what the
+        supervisor sees (rad, rad/s) and (horizon steps,) N m added to the actuated joint's command. The same for
+        every finalist (common random numbers: the finalists are compared on the same luck) and seeded by the two
+        numbers alone, so a decision's numbers do not depend on how or where its work was done."""
+        rng = np.random.default_rng((decision, sample))
+        return (rng.standard_normal((self.horizon_steps, 4)) * np.asarray(self.settings.measurement_noise),
+                rng.standard_normal(self.horizon_steps) * self.settings.torque_noise)
+
+    def noisy_value(self, samples: Sequence[float]) -> float:
+        """A finalist's value: the mean of its noisy simulations' values, summed in sample order."""
+        total = 0.0
+        for value in samples:
+            total += value
+        return total / len(samples)
+
+    def _lead(self, state: tuple, x: tuple, t: float) -> Generator[None, None, tuple[tuple, float, tuple]]:
+        """The running option simulated ``lead`` s from the live supervisor's ``state``, measured ``x`` at ``t``;
+        returns what every option starts from: (state, time, supervisor state) at the due time."""
+        self.shadow.restore_state(state)
+        x_due, _ = yield from self._rollout(x, t, self.lead_steps)
+        return x_due, t + self.lead_steps * self.dt, self.shadow.capture_state()
+
+    def _simulate(self, due: tuple, candidates: list, option: tuple[int, float],
+                  noise: tuple[np.ndarray, np.ndarray] | None = None) -> Generator[None, None, float]:
+        """An option's (candidate index, dither offset) simulation of ``horizon`` s from ``due`` (:meth:`_lead`'s);
+        returns its value."""
+        x_due, t_due, state_due = due
+        index, offset = option
+        self.shadow.restore_state(state_due)
+        self.shadow.use_policy(candidates[index])
+        self.shadow.use_dither_offset(offset)
+        _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise)
+        return self._value(up)
 
     def _value(self, up: int) -> float:
         """What an option's simulation is worth (s above the line), the shadow as the simulation left it."""

@@ -40,6 +40,7 @@ from .catch import build_catch
 from .lqr import LqrDesign
 from .observer import StateObserver
 from .selection import PolicySelection
+from .selection_workers import SelectionWorkers
 
 MODES = ("policy", "lqr", "damping", "safe", "idle")
 POLICY_TICK_TOLERANCE = 1e-9  # s: float slack when comparing times on the policy's grid
@@ -102,6 +103,26 @@ class Supervisor:
         """The opt-in policy selection (None when off), for its counters."""
         return self._selection
 
+    def start_selection_workers(self, count: int | None = None, wait: bool = False) -> int:
+        """Compute the opt-in selection's decisions in ``count`` worker processes (default: ``selection.workers``)
+        instead of in :meth:`finish_step`'s shares (control/selection_workers.py); returns how many were started (0:
+        no selection, or 0 asked). ``wait``: a decision not ready when due is waited for (the in-loop numbers);
+        else it is dropped and the running policy goes on (a real-time caller: the ROS controller node). Raises
+        SelectionWorkerError when a worker does not start. Stop them with :meth:`close`."""
+        count = self.config.selection.workers if count is None else int(count)
+        if self._selection is None or count <= 0:
+            return 0
+        self._selection.close()
+        self._selection.use_workers(SelectionWorkers(count, self.config, self.design, self.rho), wait)
+        self._selection.prime(self._candidates)
+        return count
+
+    def close(self) -> None:
+        """Stop the opt-in selection's worker processes, if any (the decisions are then computed in the loop)."""
+        if self._selection is not None:
+            self._selection.close()
+            self._selection.use_workers(None)
+
     def set_policy(self, policy: Policy | None) -> None:
         """Swap the loaded swing-up policy (takes effect at the next step; the held output is dropped; with the
         opt-in selection it becomes candidate 0 and runs, and a pending decision is dropped)."""
@@ -109,6 +130,7 @@ class Supervisor:
         self._select_candidate(0)
         if self._selection is not None:
             self._selection.cancel()
+            self._selection.prime(self._candidates)
 
     def use_policy(self, policy: Policy | None) -> None:
         """Run ``policy`` from the next step on (its 20 ms grid restarts); the candidates stay as they are."""
