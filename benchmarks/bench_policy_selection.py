@@ -45,6 +45,8 @@ class Timed:
         self.switches = 0
         self.pace = pace            # paced on the wall clock at the robot's time (None: as fast as it computes)
         self._next = None
+        self.decision_times: list[float] = []   # s on the wall clock from a decision's start to its answers (workers)
+        self._decision: tuple[int, float, int] | None = None    # (number, wall start, late count then)
 
     @property
     def mode(self) -> str:
@@ -67,7 +69,25 @@ class Timed:
         if self.supervisor.plan_pending:
             self.supervisor.finish_step()
         self.times.append(time.perf_counter() - start)
+        self._time_decision(start)
         return u
+
+    def _time_decision(self, now: float) -> None:
+        """With workers: the wall time from a decision's start until all its answers are in (checked once per step;
+        one applied in the step its answers came is timed to that step's end; a dropped one is not timed)."""
+        selection = self.supervisor.selection
+        if selection is None or not selection.worker_count:
+            return
+        if self._decision is not None and self._decision[0] != selection.decisions or (
+                self._decision is not None and (selection.ready or not selection.pending)):
+            number, started, late = self._decision
+            on_time = selection.ready if number == selection.decisions and selection.pending else \
+                selection.late_decisions == late
+            if on_time:
+                self.decision_times.append(time.perf_counter() - started)
+            self._decision = None
+        if selection.pending and not selection.ready and self._decision is None:
+            self._decision = (selection.decisions, now, selection.late_decisions)
 
 
 def variant(path: Path, assignments: str):
@@ -98,12 +118,13 @@ def main() -> None:
                         help="compute the decisions in this many worker processes, paced in real time (0: in the loop)")
     args = parser.parse_args()
     print("| config | score | decisions / switches per run | step + finish_step per control step: median / "
-          "99th percentile / max (ms) | late decisions |")
-    print("|---|---|---|---|---|")
+          "99th percentile / max (ms) | late decisions per run | a decision's wall time with workers: median / max "
+          "(ms) |")
+    print("|---|---|---|---|---|---|")
     for assignments in ["", *args.variants]:
         config = variant(args.config, assignments) if assignments else load_robot_config(args.config)
         policy = load_policy(args.controller, robot=args.robot, torque_limit=config.torque_limit)
-        scores, decisions, switches, times, late = [], [], [], [], []
+        scores, decisions, switches, times, late, decision_times = [], [], [], [], [], []
         for seed in args.seeds:
             supervisor = build_controller(config, policy)
             supervisor.start_selection_workers(args.workers, wait=False)
@@ -119,10 +140,13 @@ def main() -> None:
                 sys.exit(f"selection workers failed: {selection.failure}")
             switches.append(timed.switches)
             times.extend(timed.times)
+            decision_times.extend(timed.decision_times)
         ms = np.asarray(times) * 1e3
+        wall = (f"{np.median(decision_times) * 1e3:.0f} / {np.max(decision_times) * 1e3:.0f} (lead "
+                f"{config.selection.lead * 1e3:g})" if decision_times else "-")
         print(f"| {assignments or args.config} | {np.mean(scores):.4f} | {np.mean(decisions):.0f} / "
               f"{np.mean(switches):.0f} | {np.median(ms):.3f} / {np.percentile(ms, 99):.2f} / {ms.max():.2f} "
-              f"(period {config.control_period * 1e3:g}) | {np.mean(late):.0f} |", flush=True)
+              f"(period {config.control_period * 1e3:g}) | {np.mean(late):.1f} | {wall} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ class ControllerNode(ConfiguredNode):
         self.state_period = RingStats()     # s, receipt interval of valid states
         self._last_stamp_ns: int | None = None
         self._base_ns: int | None = None    # stamp that maps to t = 0 for the supervisor
+        self._answered_ns: int | None = None   # stamp of the last state the supervisor stepped, and its torques
+        self._answer: np.ndarray | None = None
         self._last_state_rx = time.monotonic()
         self._last_mode = "idle"
         self._last_reload = ""
@@ -263,6 +265,7 @@ class ControllerNode(ConfiguredNode):
         """Forget the supervisor's state and the time base (a new run, e.g. from a restarted driver)."""
         self.supervisor.reset()
         self._base_ns = None
+        self._answered_ns, self._answer = None, None   # the last state stepped (stamp, ns) and its torques
         if self._explorer is not None:
             self._explorer.reset()
 
@@ -320,6 +323,13 @@ class ControllerNode(ConfiguredNode):
             self.get_logger().info("joint_states are back: watchdog cleared")
         if not self.armed:
             return
+        if ns == self._answered_ns and self._answer is not None:
+            # the same state again (a lockstep simulator republishes a state whose answer it has not seen yet): the
+            # same answer; a second step at the same time would restart the selection's decision, update the
+            # observer twice and pace the policy's clock wrongly
+            self.command_pub.publish(command_message(self._answer, msg.header.stamp, self._last_mode))
+            self.commands_published += 1
+            return
         if self._base_ns is None:
             self._base_ns = ns
         t = (ns - self._base_ns) * 1e-9
@@ -337,6 +347,7 @@ class ControllerNode(ConfiguredNode):
         if not np.isfinite(u).all():  # the supervisor guarantees this; a motor must never see NaN
             u = np.zeros(2)
         self._last_mode = mode
+        self._answered_ns, self._answer = ns, u
         self.command_pub.publish(command_message(u, msg.header.stamp, self._last_mode))
         self.commands_published += 1
         if self.supervisor.plan_pending:    # the opt-in catch's next plan, or the selection's share, after the command

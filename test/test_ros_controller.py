@@ -77,6 +77,27 @@ def test_disarmed_until_enabled_then_answers_every_state_with_its_stamp():
         assert len(peer.received) == count
 
 
+def test_a_repeated_state_gets_the_same_answer_without_a_second_step():
+    """A lockstep simulator republishes a state it has no answer for (every 50 ms): the node answers the copy with
+    the torques it gave the original and does not step the supervisor again (a second step at the same time would
+    restart a selection's decision, or update the observer twice); a new stamp steps it again."""
+    with rig() as r:
+        controller, peer = connected(r, arm_on_start=True, **{"exploration.enabled": False})
+        steps = []
+        step = controller.supervisor.step
+        controller.supervisor.step = lambda x, t: (steps.append(t), step(x, t))[1]
+        peer.pub.publish(joint_state(UPRIGHT, dq=(0.3, -0.2), stamp_ns=2_000_000))
+        wait_for(lambda: len(answers(peer)) == 1, what="the answer")
+        peer.pub.publish(joint_state((UPRIGHT[0] + 0.1, UPRIGHT[1]), stamp_ns=2_000_000))   # same stamp
+        wait_for(lambda: len(answers(peer)) == 2, what="the answer to the copy")
+        first, copy = answers(peer)
+        assert list(copy.effort) == list(first.effort) and copy.header.frame_id == first.header.frame_id
+        assert copy.header.stamp.nanosec == 2_000_000 and len(steps) == 1
+        peer.pub.publish(joint_state(UPRIGHT, stamp_ns=4_000_000))
+        wait_for(lambda: len(answers(peer)) == 3, what="the next answer")
+        assert steps == [0.0, 0.002]
+
+
 def test_a_reset_marked_state_starts_the_supervisor_afresh():
     """Inside a disturbance window (frame_id "reset") the driver ignores the answers, and the controller must not
     carry what it did there past the window: each marked state resets the supervisor, so the state the window

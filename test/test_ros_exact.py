@@ -134,3 +134,18 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_state_observer(tmp_path)
     assert config.observer.enabled and filtered.count("lqr") >= 100
     for key in ("t", "x", "u", "u_cmd", "mode"):
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
+
+
+def test_ros_lockstep_run_equals_the_evaluator_with_the_selection_in_worker_processes(tmp_path):
+    """The same with config/acrobot_dither_select_noisy.yaml (noisy finals, the observer, the delay simulated):
+    the controller node computes each decision in the file's two worker processes (``selection.workers``; the demo
+    waits for a late one, as lockstep asks), the evaluator in its own process; the same policies run at the same
+    steps."""
+    selected = []
+    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_dither_select_noisy.yaml",
+                                         "acrobot_hardware_proxy_prior_catch.npz", tmp_path,
+                                         lambda supervisor: selected.append(supervisor.selected))
+    assert config.selection.workers == 2 and config.selection.noise_samples > 0
+    assert len(set(selected)) >= 2                                    # another candidate than the loaded one ran
+    for key in ("t", "x", "u", "u_cmd", "mode"):
+        np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
