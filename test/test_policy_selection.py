@@ -689,3 +689,30 @@ def test_workers_are_started_only_for_a_selection_and_stopped_by_close(tmp_path)
     assert all(p.is_alive() for p in processes)
     supervisor.close()
     assert supervisor.selection.worker_count == 0 and not any(p.is_alive() for p in processes)
+
+
+def test_after_a_reload_the_workers_simulate_the_new_loaded_policy_sent_alone(tmp_path):
+    """``set_policy`` (the node's hot reload) sends the workers only the new candidate 0 (a small message, which the
+    pipe takes without waiting for a busy worker); the next decision's values are the in-loop ones with it."""
+    config = load_robot_config(selecting(tmp_path, lead=0.02, horizon=1.0, step=0.004))
+    x = np.array([2.0, 0.5, 4.0, 0.0])
+    values, sent = {}, []
+    for workers in (0, 2):
+        supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))
+        supervisor.start_selection_workers(workers, wait=True)
+        selection = supervisor.selection
+        if workers:
+            send_all = selection._workers._send_all
+            selection._workers._send_all = lambda message, send_all=send_all: (sent.append(message[:2]),
+                                                                                send_all(message))
+        supervisor.step(x, 0.0)
+        selection.finish()
+        before = list(selection.last_values)
+        supervisor.set_policy(load_policy(SHIPPED))                   # the shipped one, loaded again: candidate 0
+        supervisor.step(x, 10.0)                                      # after a gap: a new decision
+        selection.finish()
+        values[workers] = (before, list(selection.last_values))
+        supervisor.close()
+    assert values[2] == values[0] and values[0][1] != values[0][0]
+    assert values[0][1][0] == pytest.approx(values[0][1][1])          # candidate 0 is now the bank's policy
+    assert sent == [("candidate", 0)]
