@@ -6,6 +6,7 @@ work over its steps, and the passive joint still at exactly 0 N m."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_c
 from mcpilco_core.control import build_controller, load_bank
 from mcpilco_core.control.roa import _cache_key
 from mcpilco_core.control.selection import PolicySelection
+from mcpilco_core.control.selection_workers import NICENESS
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.policy import PolicyError, load_policy, save_policy
 from mcpilco_core.simulation import drive, load_robot_profile
@@ -687,6 +689,8 @@ def test_workers_are_started_only_for_a_selection_and_stopped_by_close(tmp_path)
     assert supervisor.start_selection_workers() == 2           # the config's count
     processes = list(supervisor.selection._workers._processes)
     assert all(p.is_alive() for p in processes)
+    own = os.getpriority(os.PRIO_PROCESS, 0)                       # the loop first where they share a core
+    assert all(os.getpriority(os.PRIO_PROCESS, p.pid) == min(19, own + NICENESS) for p in processes)
     supervisor.close()
     assert supervisor.selection.worker_count == 0 and not any(p.is_alive() for p in processes)
 

@@ -19,6 +19,7 @@ with their parent (daemon processes). A worker that fails (an exception, or a pr
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import traceback
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 START_TIMEOUT = 60.0   # s for a worker to import the package and build its supervisor
+NICENESS = 10          # added to a worker's nice value: where the workers and the control loop want the same core,
+                       # the loop (latency) goes first and the workers (throughput) wait
 
 
 class SelectionWorkerError(RuntimeError):
@@ -65,6 +68,10 @@ def _serve(conn: Connection, config, design, rho: float) -> None:
     """A worker's life: build, say ready, answer rounds until told to stop (None) or the pipe closes. Ctrl-C reaches
     the whole process group: the parent, not the worker, decides when it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(NICENESS)
+    except OSError:                                     # not allowed here: run at the parent's priority
+        pass
     try:
         selection = _build_selection(config, design, rho)
         conn.send(("ready",))
