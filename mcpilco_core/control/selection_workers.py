@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import signal
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -45,12 +45,6 @@ def _run_to_end(work) -> Any:
             return stop.value
 
 
-def _build_selection(config, design, rho: float):
-    """The worker's own selection machinery: the same shadow supervisor and model the live supervisor builds."""
-    from .supervisor import Supervisor  # here: the module imports this one
-    return Supervisor(config, design, rho).selection
-
-
 def _answer(selection, candidates: list, message: tuple) -> tuple:
     """One round of a decision: ``values`` (noise-free simulations of options) or ``noisy`` (finalist, sample)."""
     kind, decision_id, state, x, t, running_index, decision, tasks = message
@@ -64,16 +58,17 @@ def _answer(selection, candidates: list, message: tuple) -> tuple:
                                for k, option, j in tasks]
 
 
-def _serve(conn: Connection, config, design, rho: float) -> None:
-    """A worker's life: build, say ready, answer rounds until told to stop (None) or the pipe closes. Ctrl-C reaches
-    the whole process group: the parent, not the worker, decides when it stops."""
+def _serve(conn: Connection, build: Callable[..., Any], config, design, rho: float) -> None:
+    """A worker's life: build its selection with ``build(config, design, rho)``, say ready, answer rounds until told
+    to stop (None) or the pipe closes. Ctrl-C reaches the whole process group: the parent, not the worker, decides
+    when it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(NICENESS)
     except OSError:                                     # not allowed here: run at the parent's priority
         pass
     try:
-        selection = _build_selection(config, design, rho)
+        selection = build(config, design, rho)
         conn.send(("ready",))
     except Exception:                                   # noqa: BLE001 - reported to the parent, which decides
         conn.send(("error", traceback.format_exc()))
@@ -102,7 +97,9 @@ class SelectionWorkers:
     """``count`` worker processes for one supervisor's selection (module docstring). Not thread-safe: the control
     loop's thread alone uses it."""
 
-    def __init__(self, count: int, config, design, rho: float) -> None:
+    def __init__(self, count: int, build: Callable[..., Any], config, design, rho: float) -> None:
+        """``build(config, design, rho)`` gives a worker its selection; a module-level function (spawn pickles it by
+        name), so that this module never imports the supervisor that builds it (no import circle)."""
         if count < 1:
             raise ValueError(f"selection workers: {count}; at least 1")
         context = multiprocessing.get_context("spawn")
@@ -112,7 +109,7 @@ class SelectionWorkers:
         try:
             for _ in range(count):
                 parent, child = context.Pipe()
-                process = context.Process(target=_serve, args=(child, config, design, rho), daemon=True,
+                process = context.Process(target=_serve, args=(child, build, config, design, rho), daemon=True,
                                           name="mcpilco-selection-worker")
                 process.start()
                 child.close()

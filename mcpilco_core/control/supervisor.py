@@ -113,7 +113,7 @@ class Supervisor:
         if self._selection is None or count <= 0:
             return 0
         self._selection.close()
-        self._selection.use_workers(SelectionWorkers(count, self.config, self.design, self.rho), wait)
+        self._selection.use_workers(SelectionWorkers(count, worker_selection, self.config, self.design, self.rho), wait)
         self._selection.prime(self._candidates)
         return count
 
@@ -317,3 +317,9 @@ class Supervisor:
                 self._lqr_locked = False
             self._in_lqr = not self._lqr_locked and cost < roa.enter_fraction * self.rho
         return self._in_lqr
+
+
+def worker_selection(config: RobotConfig, design: LqrDesign, rho: float) -> PolicySelection | None:
+    """A selection worker's own selection machinery: the same shadow supervisor and model the live supervisor
+    builds (control/selection_workers.py)."""
+    return Supervisor(config, design, rho).selection
