@@ -564,6 +564,10 @@ class SelectionConfig:
     delay: float = setting("s, the sensors' delay in the simulations: their supervisor sees the model's state "
                            "int(delay / step) steps old, as the robot's controller does (its identified delay; 0 = "
                            "the exact state)", 0.0, low=0.0, high=1.0)
+    predict_delay: bool = setting("with delay > 0: take the measured state for the robot's state delay ago, so each "
+                                  "decision's model first catches up with the robot over the delay (the last command "
+                                  "held) and its supervisor sees states that old from the start (off: the measured "
+                                  "state is taken for the present one)", False)
     noise_samples: int = setting("noisy simulations of each finalist (0 = off: the noise-free simulations alone "
                                  "decide); the finalists' values are then the mean time above the line of these, with "
                                  "the sensors' and the torque's noise below (the same noise for every finalist); the "
@@ -835,6 +839,9 @@ def _selection_config(reader: ConfigReader, control_period: float, policy_period
     if not whole_periods(selection.step, control_period):
         raise ConfigError(source, "selection.step", f"{selection.step} s is not a whole number of control periods "
                                                     f"({control_period} s)")
+    if selection.predict_delay and int(selection.delay / selection.step) < 1:
+        raise ConfigError(source, "selection.predict_delay", f"a delay of {selection.delay} s is no whole simulation "
+                          f"step ({selection.step} s) to predict over: set selection.delay, or false")
     if selection.dither_phases > 1 and dither.amplitude <= 0.0:
         raise ConfigError(source, "selection.dither_phases", f"{selection.dither_phases} phases of a balance dither "
                           "that is off (dither.amplitude 0): set 1, or turn the dither on")

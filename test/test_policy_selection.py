@@ -77,6 +77,8 @@ def test_off_unless_a_bank_is_named_and_then_rho_is_unchanged(tmp_path):
     ({"dither_phases": 0}, "selection.dither_phases", "must be in [1, 8]"),
     ({"delay": -0.001}, "selection.delay", "must be non-negative"),
     ({"delay": 2.0}, "selection.delay", "delay"),
+    ({"predict_delay": True}, "selection.predict_delay", "no whole simulation step"),
+    ({"predict_delay": True, "delay": 0.003, "step": 0.004}, "selection.predict_delay", "no whole simulation step"),
     ({"noise_samples": -1}, "selection.noise_samples", "must be non-negative"),
     ({"noise_samples": 65}, "selection.noise_samples", "65"),
     ({"finalists": 0}, "selection.finalists", "must be in [1, 64]"),
@@ -527,6 +529,108 @@ def test_with_a_delay_the_simulations_supervisor_sees_the_state_int_delay_over_s
         np.testing.assert_allclose(np.array(fed), np.array(expected), rtol=0, atol=1e-12)
 
 
+class RecordingShadow:
+    """A stand-in supervisor for the selection's simulations: records what it is fed, answers a fixed torque."""
+
+    def __init__(self, config, torque: float) -> None:
+        self.config, self.torque, self.fed = config, torque, []
+
+    def step(self, x, t):
+        self.fed.append(np.array(x))
+        u = np.zeros(2)
+        u[self.config.actuated_joint] = self.torque
+        return u
+
+    def restore_state(self, state) -> None:
+        pass
+
+    def capture_state(self) -> tuple:
+        return ()
+
+    def use_policy(self, policy) -> None:
+        pass
+
+    def use_dither_offset(self, offset: float) -> None:
+        pass
+
+
+def test_with_predict_delay_the_model_catches_up_with_the_robot_over_the_delay_and_is_seen_that_late(tmp_path):
+    """``selection.predict_delay``: the measured state is the robot's ``delay_steps`` steps ago, so the lead first
+    steps the model over them with the last command held (clipped to the limits; the passive joint's 0), feeding the
+    simulated supervisor the measured state, then the caught-up ones, each ``delay_steps`` late; every candidate's
+    simulation then goes on from where the lead's readings left off. Off: the measured state is taken for the
+    present one (the lead starts from it, its supervisor sees it until the model has a state that old)."""
+    x0, command = (2.5, 0.3, 1.0, -2.0), (0.7, 9.0)                 # 9 N m: over the limit, clipped to 6
+    for predict in (False, True):
+        config = load_robot_config(selecting(tmp_path, delay=0.004, step=0.002, lead=0.02, predict_delay=predict))
+        shadow = RecordingShadow(config, torque=1.5)
+        plant = DoublePendulum(config.plant)
+        selection = PolicySelection(shadow, plant, config.selection, config.control_period, config.torque_limits)
+        lead, steps_old = selection.lead_steps, selection.delay_steps
+        assert steps_old == 2 and lead == 10
+        lead_run = selection._lead((), x0, 0.0, command)
+        due = _drain(lead_run)
+        held, answered = (0.0, 6.0), (0.0, 1.5)             # the acrobot: the elbow acts, the shoulder gets 0
+        model = [x0]
+        for _ in range(steps_old if predict else 0):
+            model.append(plant.rk4_step_scalar(model[-1], held, 0.002))
+        start = len(model) - 1                                # the model's state now: the lead starts there
+        for _ in range(lead):
+            model.append(plant.rk4_step_scalar(model[-1], answered, 0.002))
+        expected = [model[max(0, start + k - steps_old)] if predict else model[max(0, k - steps_old)]
+                    for k in range(lead)]
+        np.testing.assert_allclose(np.array(shadow.fed), np.array(expected), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(due[0], model[-1], rtol=0, atol=1e-12)
+        if predict:
+            assert len(due[3]) == steps_old + 1
+            np.testing.assert_allclose(np.array(due[3]), np.array(model[-steps_old - 1:]), rtol=0, atol=1e-12)
+        else:
+            assert due[3] is None
+        shadow.fed.clear()                                    # a candidate from the due time: its first readings
+        _drain(selection._simulate(due, [None], (0, 0.0)))
+        first = model[-steps_old - 1] if predict else model[-1]
+        np.testing.assert_allclose(shadow.fed[0], first, rtol=0, atol=1e-12)
+
+
+def _drain(generator):
+    while True:
+        try:
+            next(generator)
+        except StopIteration as stop:
+            return stop.value
+
+
+def test_with_predict_delay_the_decisions_start_from_the_robots_state_at_the_due_time(tmp_path):
+    """On a robot that is the model but whose sensors are 4 ms late, the state every candidate starts from is the
+    robot's true state at the due time only with ``predict_delay`` (off, it is the state 4 ms before)."""
+    profile = tmp_path / "late.yaml"
+    profile.write_text(yaml.safe_dump({"description": "the model, 4 ms late sensors", "plant_model": "robot",
+                                       "measurement_noise": [0.0, 0.0, 0.0, 0.0], "delay": 0.004,
+                                       "motor_responsiveness": 1.0, "torque_noise": {"actuated": 0.0, "passive": 0.0},
+                                       "perturbation": 0.0, "seed": 0}))
+    errors = {}
+    for predict in (False, True):
+        config = load_robot_config(selecting(tmp_path, delay=0.004, step=0.002, lead=0.02, interval=0.1, horizon=0.5,
+                                             predict_delay=predict))
+        supervisor = build_controller(config, load_policy(limp(tmp_path / "limp.npz")))   # the shipped one banked
+        starts = []
+        lead = supervisor.selection._lead
+
+        def spied(state, x, t, command=(0.0, 0.0), lead=lead, starts=starts):
+            due = yield from lead(state, x, t, command)
+            starts.append((due[1], np.array(due[0])))
+            return due
+
+        supervisor.selection._lead = spied
+        robot = load_robot_profile(str(profile)).robot(config, 0, (0.5, 0.0, 0.0, 0.0))
+        trajectory = drive(robot, supervisor, 1000, True, 2.0)
+        assert len(starts) >= 10
+        gaps = [np.abs(x_due - trajectory.x[int(round(t_due / 0.002))]).max() for t_due, x_due in starts]
+        errors[predict] = float(np.median(gaps))
+    assert errors[True] < 0.2 * errors[False]
+    assert errors[True] < 1e-3
+
+
 def test_a_noisy_simulation_adds_its_noise_to_what_the_supervisor_sees_and_to_the_actuated_torque(tmp_path):
     """The finalists' noisy simulations (``noise_samples``): the sensors' noise on the (delayed) state the simulated
     supervisor is fed, the torque noise on the actuated joint's command before the limits; the passive joint keeps
@@ -562,10 +666,10 @@ def noisy_decision(tmp_path: Path, **settings):
     selection, seen = supervisor.selection, []
     rollout = selection._rollout
 
-    def spied(x, t, steps, noise=None):
+    def spied(x, t, steps, noise=None, readings=None):
         if noise is not None:
             seen.append((supervisor.selection.shadow._policy, noise[0].copy(), noise[1].copy()))
-        return (yield from rollout(x, t, steps, noise))
+        return (yield from rollout(x, t, steps, noise, readings))
 
     selection._rollout = spied
     supervisor.step(np.array([2.0, 0.5, 4.0, 0.0]), 0.0)                # on the way up: the shipped policy gets over
@@ -603,7 +707,9 @@ def test_noisy_finalists_share_each_samples_noise_and_a_decision_repeats_its_num
 
 # ---------------------------------------------------------------- the decisions in worker processes (selection.workers)
 @pytest.mark.parametrize("noisy", [{}, {"noise_samples": 2, "finalists": 1, "torque_noise": 0.02,
-                                          "measurement_noise": [0.0, 0.0, 0.05, 0.05]}], ids=["plain", "noisy_finals"])
+                                          "measurement_noise": [0.0, 0.0, 0.05, 0.05]},
+                                   {"delay": 0.004, "predict_delay": True}],
+                         ids=["plain", "noisy_finals", "predict_delay"])
 def test_decisions_computed_in_worker_processes_are_the_in_loop_ones_bit_for_bit(tmp_path, noisy):
     """Two workers split each round of simulations (the options', then the noisy finalists'); waited for when due,
     the run is the in-loop one to the last bit: the same choices, values and torques."""

@@ -141,9 +141,10 @@ class PolicySelection:
         self._choice: tuple[int, float] | None = None
 
     def start(self, state: tuple, x: np.ndarray, t: float, candidates: Sequence[Policy],
-              running: tuple[int, float]) -> None:
+              running: tuple[int, float], command: Sequence[float] = (0.0, 0.0)) -> None:
         """Begin a decision for the state measured at ``t`` (the live supervisor's ``state`` before this step);
-        ``running``: the option in charge (candidate index, dither offset in s)."""
+        ``running``: the option in charge (candidate index, dither offset in s); ``command``: the torques (N m) the
+        supervisor gave last, acting on the robot while the sensors are late (``predict_delay``)."""
         self.decided_at = t
         if self.failure:
             return
@@ -158,13 +159,14 @@ class PolicySelection:
         options = [(index, offset) for index in range(len(candidates)) for offset in self.dither_offsets]
         if running not in options:
             options.append(running)
+        command = (float(command[0]), float(command[1]))
         if self._workers is not None:
-            self._start_remote(state, tuple(float(v) for v in x), t, list(candidates), options, running)
+            self._start_remote(state, tuple(float(v) for v in x), command, t, list(candidates), options, running)
             return
         finalists = min(self.settings.finalists, len(options)) + 1 if self.settings.noise_samples > 0 else 0
         total = self.lead_steps + (len(options) + finalists * self.settings.noise_samples) * self.horizon_steps
         self._chunk = -(-total // self.lead_periods)    # steps of simulation per advance: done within the lead
-        self._work = self._decide(state, tuple(float(v) for v in x), t, list(candidates), options, running)
+        self._work = self._decide(state, tuple(float(v) for v in x), command, t, list(candidates), options, running)
 
     def advance(self) -> None:
         """Do this control step's share of the pending decision (after the command went out); with workers,
@@ -191,12 +193,13 @@ class PolicySelection:
         return choice
 
     # ---------------------------------------------------------------- a decision in the workers
-    def _start_remote(self, state: tuple, x: tuple, t: float, candidates: list, options: list,
+    def _start_remote(self, state: tuple, x: tuple, command: tuple, t: float, candidates: list, options: list,
                       running: tuple[int, float]) -> None:
         if state[7] is not candidates[running[0]]:
             raise ValueError("the supervisor's running policy is not the running candidate")
-        self._remote = {"args": (self.decisions, state, x, t, running[0], self.decisions), "candidates": candidates,
-                        "options": options, "running": running, "kind": "values", "answers": [], "done": False}
+        self._remote = {"args": (self.decisions, state, x, command, t, running[0], self.decisions),
+                        "candidates": candidates, "options": options, "running": running, "kind": "values",
+                        "answers": [], "done": False}
         self._send_round("values", list(enumerate(options)))
 
     def _send_round(self, kind: str, tasks: list) -> None:
@@ -262,9 +265,9 @@ class PolicySelection:
         self.close()
 
     # ---------------------------------------------------------------- the simulations
-    def _decide(self, state: tuple, x: tuple, t: float, candidates: list, options: list,
+    def _decide(self, state: tuple, x: tuple, command: tuple, t: float, candidates: list, options: list,
                 running: tuple[int, float]) -> Iterator[None]:
-        due = yield from self._lead(state, x, t)
+        due = yield from self._lead(state, x, t, command)
         values = []
         for option in options:
             values.append((yield from self._simulate(due, candidates, option)))
@@ -311,40 +314,58 @@ class PolicySelection:
             total += value
         return total / len(samples)
 
-    def _lead(self, state: tuple, x: tuple, t: float) -> Generator[None, None, tuple[tuple, float, tuple]]:
+    def _lead(self, state: tuple, x: tuple, t: float,
+              command: tuple = (0.0, 0.0)) -> Generator[None, None, tuple[tuple, float, tuple, tuple | None]]:
         """The running option simulated ``lead`` s from the live supervisor's ``state``, measured ``x`` at ``t``;
-        returns what every option starts from: (state, time, supervisor state) at the due time."""
+        returns what every option starts from: (state, time, supervisor state, the readings the supervisor has still
+        to see: None = the state itself) at the due time. With ``predict_delay`` the measured ``x`` is the robot's
+        state ``delay_steps`` steps ago: the model first catches up with the robot over them, with ``command`` held
+        (the torques acting meanwhile), and the simulated supervisor goes on seeing the states that old."""
         self.shadow.restore_state(state)
-        x_due, _ = yield from self._rollout(x, t, self.lead_steps)
-        return x_due, t + self.lead_steps * self.dt, self.shadow.capture_state()
+        seen = self._catch_up(x, command) if self.settings.predict_delay and self.delay_steps > 0 else None
+        x_due, _ = yield from self._rollout(seen[-1] if seen else x, t, self.lead_steps, None, seen)
+        return (x_due, t + self.lead_steps * self.dt, self.shadow.capture_state(),
+                tuple(seen) if seen is not None else None)
+
+    def _catch_up(self, x: tuple, command: tuple) -> deque:
+        """The model from the measured ``x`` over the sensors' ``delay_steps``, ``command`` held: the readings from
+        ``x`` to the robot's state now, oldest first (what the supervisor sees next, then what it will see)."""
+        u = (_clip(command[0], self.limits[0]), _clip(command[1], self.limits[1]))
+        seen = deque([x], maxlen=self.delay_steps + 1)
+        for _ in range(self.delay_steps):
+            seen.append(self.plant.rk4_step_scalar(seen[-1], u, self.dt))
+        return seen
 
     def _simulate(self, due: tuple, candidates: list, option: tuple[int, float],
                   noise: tuple[np.ndarray, np.ndarray] | None = None) -> Generator[None, None, float]:
         """An option's (candidate index, dither offset) simulation of ``horizon`` s from ``due`` (:meth:`_lead`'s);
         returns its value."""
-        x_due, t_due, state_due = due
+        x_due, t_due, state_due, readings = due
         index, offset = option
         self.shadow.restore_state(state_due)
         self.shadow.use_policy(candidates[index])
         self.shadow.use_dither_offset(offset)
-        _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise)
+        seen = deque(readings, maxlen=self.delay_steps + 1) if readings is not None else None
+        _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise, seen)
         return self._value(up)
 
     def _value(self, up: int) -> float:
         """What an option's simulation is worth (s above the line), the shadow as the simulation left it."""
         return up * self.dt
 
-    def _rollout(self, x: tuple, t: float, steps: int,
-                 noise: tuple[np.ndarray, np.ndarray] | None = None) -> Generator[None, None, tuple[tuple, int]]:
+    def _rollout(self, x: tuple, t: float, steps: int, noise: tuple[np.ndarray, np.ndarray] | None = None,
+                 seen: deque | None = None) -> Generator[None, None, tuple[tuple, int]]:
         """``steps`` simulation steps of the shadow on the model from ``x`` at ``t``, yielding after each; returns
         the last state and the number of states above the line. With ``delay`` the supervisor sees the state
         ``delay_steps`` steps old (``x`` itself until the simulation has that many). ``noise``: (steps, 4) added to
-        what the supervisor sees and (steps,) N m added to the actuated joint's command (then clipped)."""
+        what the supervisor sees and (steps,) N m added to the actuated joint's command (then clipped). ``seen``: the
+        readings still to come, oldest first, ``x`` the last (None: ``x`` alone); left as the rollout ends them."""
         shadow, plant, dt = self.shadow, self.plant, self.dt
         l1, l2 = self._lengths
         lim0, lim1 = self.limits
         up = 0
-        seen = deque([x], maxlen=self.delay_steps + 1)                    # seen[0]: what the sensors report
+        if seen is None:
+            seen = deque([x], maxlen=self.delay_steps + 1)                # seen[0]: what the sensors report
         for k in range(steps):
             reading = np.array(seen[0]) if noise is None else np.array(seen[0]) + noise[0][k]
             u = shadow.step(reading, t + k * dt)

@@ -47,9 +47,9 @@ def _run_to_end(work) -> Any:
 
 def _answer(selection, candidates: list, message: tuple) -> tuple:
     """One round of a decision: ``values`` (noise-free simulations of options) or ``noisy`` (finalist, sample)."""
-    kind, decision_id, state, x, t, running_index, decision, tasks = message
+    kind, decision_id, state, x, command, t, running_index, decision, tasks = message
     state = (*state[:7], candidates[running_index], *state[8:])       # the running policy, by index
-    due = _run_to_end(selection._lead(state, x, t))
+    due = _run_to_end(selection._lead(state, x, t, command))
     if kind == "values":
         return kind, decision_id, [(i, _run_to_end(selection._simulate(due, candidates, option)))
                                    for i, option in tasks]
@@ -134,8 +134,8 @@ class SelectionWorkers:
     def count(self) -> int:
         return len(self._conns)
 
-    def send_round(self, kind: str, decision_id: int, state: tuple, x: tuple, t: float, running_index: int,
-                   decision: int, tasks: Sequence[tuple], candidates: Sequence) -> int:
+    def send_round(self, kind: str, decision_id: int, state: tuple, x: tuple, command: tuple, t: float,
+                   running_index: int, decision: int, tasks: Sequence[tuple], candidates: Sequence) -> int:
         """Split ``tasks`` round-robin between the workers (the candidates first, when they changed); returns how
         many answers to expect."""
         self.send_candidates(candidates)
@@ -144,7 +144,7 @@ class SelectionWorkers:
         for w, conn in enumerate(self._conns):
             share = list(tasks[w::len(self._conns)])
             if share:
-                self._send(conn, (kind, decision_id, state, x, t, running_index, decision, share))
+                self._send(conn, (kind, decision_id, state, x, command, t, running_index, decision, share))
                 answers += 1
         return answers
 

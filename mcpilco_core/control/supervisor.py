@@ -228,7 +228,8 @@ class Supervisor:
                 and self._candidates[0] is not None
                 and (resumed or (self._mode == "policy" and t - selection.decided_at >= selection.settings.interval
                                  - POLICY_TICK_TOLERANCE))):
-            selection.start(self.capture_state(), x, t, self._candidates, (self._selected, self._dither_offset))
+            selection.start(self.capture_state(), x, t, self._candidates, (self._selected, self._dither_offset),
+                            self._command)
 
     # ---------------------------------------------------------------- modes
     def _enter_safe(self) -> None:
