@@ -453,6 +453,24 @@ def test_the_select_noisy_config_is_select_reenter_plus_the_observer_the_delay_a
                                source=reenter.source) == reenter
 
 
+def test_the_select_phases_config_is_select_noisy_plus_the_dither_phases_and_the_predicted_delay(repo):
+    """config/acrobot_dither_select_phases.yaml is acrobot_dither_select_noisy.yaml with two dither phases and the
+    start predicted over the delay in the selection, nothing else (the README compares the two), and shares its ROA
+    estimate."""
+    import dataclasses
+
+    from mcpilco_core.config import load_robot_config
+    from mcpilco_core.control.roa import _cache_key
+
+    noisy = load_robot_config(repo / "config" / "acrobot_dither_select_noisy.yaml")
+    phases = load_robot_config(repo / "config" / "acrobot_dither_select_phases.yaml")
+    assert (phases.selection.dither_phases, phases.selection.predict_delay) == (2, True)
+    assert (noisy.selection.dither_phases, noisy.selection.predict_delay) == (1, False)
+    assert dataclasses.replace(phases.selection, dither_phases=1, predict_delay=False) == noisy.selection
+    assert dataclasses.replace(phases, selection=noisy.selection, source=noisy.source) == noisy
+    assert _cache_key(phases) == _cache_key(noisy)
+
+
 def test_the_mirror_image_does_from_the_mirrored_state_what_the_policy_does(repo):
     """pi'(x) = -pi(-x) exactly, twice mirrored is the policy again, and on the plant (friction and rotor inertia
     included: model_1.0) the motion under pi' from -x0 is the mirror image of the motion under pi from x0."""

@@ -136,13 +136,15 @@ def test_ros_lockstep_run_equals_the_evaluator_with_the_state_observer(tmp_path)
         np.testing.assert_array_equal(ros[key], getattr(ref, key), err_msg=key)
 
 
-def test_ros_lockstep_run_equals_the_evaluator_with_the_selection_in_worker_processes(tmp_path):
-    """The same with config/acrobot_dither_select_noisy.yaml (noisy finals, the observer, the delay simulated):
-    the controller node computes each decision in the file's two worker processes (``selection.workers``; the demo
-    waits for a late one, as lockstep asks), the evaluator in its own process; the same policies run at the same
-    steps."""
+@pytest.mark.parametrize("config_file", ["acrobot_dither_select_noisy.yaml", "acrobot_dither_select_phases.yaml"])
+def test_ros_lockstep_run_equals_the_evaluator_with_the_selection_in_worker_processes(tmp_path, config_file):
+    """The same with config/acrobot_dither_select_noisy.yaml (noisy finals, the observer, the delay simulated) and
+    acrobot_dither_select_phases.yaml (with the dither's phase chosen and the start predicted over the delay from the
+    node's last command): the controller node computes each decision in the file's two worker processes
+    (``selection.workers``; the demo waits for a late one, as lockstep asks), the evaluator in its own process; the
+    same policies run at the same steps."""
     selected = []
-    config, ros, ref = ros_and_evaluator("acrobot", "acrobot_dither_select_noisy.yaml",
+    config, ros, ref = ros_and_evaluator("acrobot", config_file,
                                          "acrobot_hardware_proxy_prior_catch.npz", tmp_path,
                                          lambda supervisor: selected.append(supervisor.selected))
     assert config.selection.workers == 2 and config.selection.noise_samples > 0
