@@ -9,6 +9,7 @@ import dataclasses
 import os
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ from mcpilco_core.config import ConfigError, load_plant_parameters, load_robot_c
 from mcpilco_core.control import build_controller, load_bank
 from mcpilco_core.control.roa import _cache_key
 from mcpilco_core.control.selection import PolicySelection
-from mcpilco_core.control.selection_workers import NICENESS
+from mcpilco_core.control.selection_workers import NICENESS, split_tasks
 from mcpilco_core.plant import DoublePendulum
 from mcpilco_core.policy import PolicyError, load_policy, save_policy
 from mcpilco_core.simulation import drive, load_robot_profile
@@ -826,3 +827,72 @@ def test_after_a_reload_the_workers_simulate_the_new_loaded_policy_sent_alone(tm
     assert values[2] == values[0] and values[0][1] != values[0][0]
     assert values[0][1][0] == pytest.approx(values[0][1][1])          # candidate 0 is now the bank's policy
     assert sent == [("candidate", 0)]
+
+
+# ---------------------------------------------------------------- a candidate's dither phases share their simulation
+def whole_simulation(selection, due, candidates, option, noise=None) -> float:
+    """An option's simulation from ``due`` computed whole, without the shared prefix (the reference)."""
+    x_due, t_due, state_due, readings = due
+    selection.shadow.restore_state(state_due)
+    selection.shadow.use_policy(candidates[option[0]])
+    selection.shadow.use_dither_offset(option[1])
+    seen = deque(readings, maxlen=selection.delay_steps + 1) if readings is not None else None
+    _, up = _drain(selection._rollout(x_due, t_due, selection.horizon_steps, noise, seen))
+    return selection._value(up)
+
+
+def phases_with_noisy_finals():
+    """Three candidates in two dither phases each, four finalists valued on two noisy samples."""
+    config = proxy_with_two_phases()
+    return dataclasses.replace(config, selection=dataclasses.replace(
+        config.selection, noise_samples=2, finalists=4, measurement_noise=(0.0001, 0.0001, 0.05, 0.05),
+        torque_noise=0.02))
+
+
+def test_a_candidates_dither_phases_share_their_simulation_up_to_the_first_shake_to_the_last_bit():
+    """The options of one candidate that differ only in the dither's phase are one simulation until the dither first
+    shapes a torque: the second phase goes on from there, or takes the first's value when the LQR never took over.
+    Every value, noise-free and noisy, is the whole simulation's to the last bit, and both shortcuts happen."""
+    config = phases_with_noisy_finals()
+    supervisor = build_controller(config, load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz"))
+    selection = supervisor.selection
+    simulate, kinds = selection._simulate, []
+
+    def checked(due, candidates, option, noise=None, sample=None):
+        branch = selection._branches.get((option[0], sample))
+        value = yield from simulate(due, candidates, option, noise, sample)
+        kinds.append("whole" if branch is None else "copied" if branch[0] is None else "resumed")
+        assert value == whole_simulation(selection, due, candidates, option, noise)
+        return value
+
+    selection._simulate = checked
+    for t, x in enumerate(([np.pi - 0.3, 0.5, 1.0, -1.0], [0.4, -0.2, 0.0, 0.0], [2.2, 0.4, 3.0, -1.0])):
+        supervisor.step(np.array(x), 10.0 * t)                 # a new time base: each state starts a decision
+        selection.finish()
+    assert kinds.count("resumed") > 0 and kinds.count("copied") > 0
+    assert kinds.count("whole") == kinds.count("resumed") + kinds.count("copied")   # each candidate once whole
+
+
+def test_the_workers_get_a_candidates_phases_together_and_deal_the_candidates_round_robin():
+    options = [(index, offset) for index in range(3) for offset in (0.0, 0.07)]
+    shares = split_tasks(list(enumerate(options)), 2)
+    assert shares == [[(0, (0, 0.0)), (1, (0, 0.07)), (4, (2, 0.0)), (5, (2, 0.07))],
+                      [(2, (1, 0.0)), (3, (1, 0.07))]]
+    noisy = [(k, option, j) for k, option in enumerate([(1, 0.0), (1, 0.07), (0, 0.0)]) for j in range(2)]
+    shares = split_tasks(noisy, 2)                             # groups (candidate, sample): (1,0), (1,1), (0,0), (0,1)
+    assert shares == [[(0, (1, 0.0), 0), (1, (1, 0.07), 0), (2, (0, 0.0), 0)],
+                      [(0, (1, 0.0), 1), (1, (1, 0.07), 1), (2, (0, 0.0), 1)]]
+    assert split_tasks(noisy, 8)[4:] == [[], [], [], []]
+
+
+def test_with_dither_phases_and_noisy_finals_the_workers_give_the_in_loop_run_bit_for_bit():
+    config = phases_with_noisy_finals()
+    policy = load_policy(REPO / "policies" / "acrobot_hardware_proxy.npz")
+    plain, in_loop, chosen = run(config, policy, 3.0, finish_steps=True, profile="hardware_proxy")
+    remote, supervisor, chosen_remote = run(config, policy, 3.0, finish_steps=True, profile="hardware_proxy",
+                                            workers=2)
+    np.testing.assert_array_equal(plain.u, remote.u)
+    np.testing.assert_array_equal(chosen, chosen_remote)
+    assert supervisor.selection.decisions == in_loop.selection.decisions >= 3
+    assert supervisor.selection.last_values == in_loop.selection.last_values
+    assert np.all(remote.u[:, 0] == 0.0)

@@ -6,13 +6,14 @@ selection"): the 500 Hz loop overruns. In worker processes the loop only sends t
 values; the simulations run on other cores, split between the workers.
 
 How: each worker builds its own shadow supervisor and model from the robot config, the LQR design and rho (the same
-objects the supervisor builds), and keeps the candidates the selection last sent it. A decision goes out in one or
-two rounds: the options' noise-free simulations, split round-robin between the workers, then, with noisy finals, the
-finalists' noisy simulations (finalist x sample pairs, split the same way). Every worker simulates the lead itself
-(cheap), and every simulation is the one the in-loop selection runs, with the same noise (seeded by the decision's
-number and the sample's), so a decision's values and choice are the in-loop ones bit for bit. Workers are started
-with the ``spawn`` method (safe beside the threads of a ROS node) and stopped by :meth:`SelectionWorkers.close`, or
-with their parent (daemon processes). A worker that fails (an exception, or a process that is gone) is reported by
+objects the supervisor builds), and keeps the candidates the selection last sent it. A decision goes out in one or two
+rounds: the options' noise-free simulations, split round-robin between the workers by candidate (a candidate's dither
+phases share their simulation up to the first shake), then, with noisy finals, the finalists' noisy simulations
+(finalist x sample pairs, split the same way by candidate and sample). Every worker simulates the lead itself (cheap),
+and every simulation is the one the in-loop selection runs, with the same noise (seeded by the decision's number and the
+sample's), so a decision's values and choice are the in-loop ones bit for bit. Workers are started with the ``spawn``
+method (safe beside the threads of a ROS node) and stopped by :meth:`SelectionWorkers.close`, or with their parent
+(daemon processes). A worker that fails (an exception, or a process that is gone) is reported by
 :class:`SelectionWorkerError`; the selection then makes no more decisions and the running policy goes on.
 """
 
@@ -54,7 +55,7 @@ def _answer(selection, candidates: list, message: tuple) -> tuple:
         return kind, decision_id, [(i, _run_to_end(selection._simulate(due, candidates, option)))
                                    for i, option in tasks]
     return kind, decision_id, [(k, j, _run_to_end(selection._simulate(due, candidates, option,
-                                                                     selection.noise(decision, j))))
+                                                                     selection.noise(decision, j), j)))
                                for k, option, j in tasks]
 
 
@@ -91,6 +92,19 @@ def _serve(conn: Connection, build: Callable[..., Any], config, design, rho: flo
             conn.send(_answer(selection, candidates, message))
         except Exception:                               # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
+
+
+def split_tasks(tasks: Sequence[tuple], count: int) -> list[list[tuple]]:
+    """``tasks`` ((i, option) or (k, option, sample)) in ``count`` shares: the options of one candidate (and sample)
+    together, so that one worker simulates their common part once (selection.py, ``_simulate``), the groups dealt
+    round-robin in the order they first appear."""
+    groups: dict[tuple, list[tuple]] = {}
+    for task in tasks:
+        groups.setdefault((task[1][0], task[2] if len(task) > 2 else None), []).append(task)
+    shares: list[list[tuple]] = [[] for _ in range(count)]
+    for g, group in enumerate(groups.values()):
+        shares[g % count].extend(group)
+    return shares
 
 
 class SelectionWorkers:
@@ -136,13 +150,12 @@ class SelectionWorkers:
 
     def send_round(self, kind: str, decision_id: int, state: tuple, x: tuple, command: tuple, t: float,
                    running_index: int, decision: int, tasks: Sequence[tuple], candidates: Sequence) -> int:
-        """Split ``tasks`` round-robin between the workers (the candidates first, when they changed); returns how
-        many answers to expect."""
+        """Split ``tasks`` between the workers (:func:`split_tasks`; the candidates first, when they changed);
+        returns how many answers to expect."""
         self.send_candidates(candidates)
         state = (*state[:7], None, *state[8:])           # the running policy goes by index
         answers = 0
-        for w, conn in enumerate(self._conns):
-            share = list(tasks[w::len(self._conns)])
+        for conn, share in zip(self._conns, split_tasks(tasks, len(self._conns)), strict=True):
             if share:
                 self._send(conn, (kind, decision_id, state, x, command, t, running_index, decision, share))
                 answers += 1
