@@ -42,3 +42,13 @@ def test_a_config_without_a_selection_is_refused(repo: Path):
     with pytest.raises(SystemExit, match="no selection"):
         bench.start_errors(str(repo / "config" / "acrobot.yaml"), str(repo / "policies" / "acrobot.npz"),
                            "nominal", 0, duration=0.1)
+
+
+def test_bench_decision_time_times_every_decision_in_the_loop_and_in_workers(tmp_path):
+    """benchmarks/bench_decision_time.py: one time per state and repeat, in the loop and with a worker."""
+    bench = load_benchmark("bench_decision_time")
+    config = selecting(tmp_path, lead=0.02, horizon=0.2, step=0.004)
+    policy = limp(tmp_path / "limp.npz")
+    for workers in (0, 1):
+        times = bench.decision_times(str(config), str(policy), workers, repeats=2)
+        assert len(times) == 2 * len(bench.STATES) and all(t > 0.0 for t in times)
