@@ -119,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| config | score | decisions / switches per run | step + finish_step per control step: median / "
           "99th percentile / max (ms) | late decisions per run | a decision's wall time with workers: median / max "
-          "(ms) |")
+          "(ms), of those that came in time (bench_decision_time.py times every one) |")
     print("|---|---|---|---|---|---|")
     for assignments in ["", *args.variants]:
         config = variant(args.config, assignments) if assignments else load_robot_config(args.config)
@@ -143,7 +143,7 @@ def main() -> None:
             decision_times.extend(timed.decision_times)
         ms = np.asarray(times) * 1e3
         wall = (f"{np.median(decision_times) * 1e3:.0f} / {np.max(decision_times) * 1e3:.0f} (lead "
-                f"{config.selection.lead * 1e3:g})" if decision_times else "-")
+                f"{config.selection.lead * 1e3:g}; {len(decision_times)} timed)" if decision_times else "-")
         print(f"| {assignments or args.config} | {np.mean(scores):.4f} | {np.mean(decisions):.0f} / "
               f"{np.mean(switches):.0f} | {np.median(ms):.3f} / {np.percentile(ms, 99):.2f} / {ms.max():.2f} "
               f"(period {config.control_period * 1e3:g}) | {np.mean(late):.1f} | {wall} |", flush=True)
