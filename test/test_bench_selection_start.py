@@ -8,18 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from _bench_helpers import load_benchmark
-from test_policy_selection import limp, selecting
+from test_policy_selection import late_model_profile, limp, selecting
 
 
 def test_the_start_lags_the_robot_by_the_delay_unless_it_is_predicted(tmp_path):
     bench = load_benchmark("bench_selection_start")
-    profile = tmp_path / "late.yaml"
-    profile.write_text(yaml.safe_dump({"description": "the model, 4 ms late sensors", "plant_model": "robot",
-                                       "measurement_noise": [0.0, 0.0, 0.0, 0.0], "delay": 0.004,
-                                       "motor_responsiveness": 1.0, "torque_noise": {"actuated": 0.0, "passive": 0.0},
-                                       "perturbation": 0.0, "seed": 0}))
+    profile = late_model_profile(tmp_path)
     means = {}
     for predict in (False, True):
         folder = tmp_path / str(predict)

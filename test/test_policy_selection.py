@@ -601,14 +601,20 @@ def _drain(generator):
             return stop.value
 
 
-def test_with_predict_delay_the_decisions_start_from_the_robots_state_at_the_due_time(tmp_path):
-    """On a robot that is the model but whose sensors are 4 ms late, the state every candidate starts from is the
-    robot's true state at the due time only with ``predict_delay`` (off, it is the state 4 ms before)."""
+def late_model_profile(tmp_path: Path) -> Path:
+    """A robot profile that is the robot config's own plant with 4 ms late sensors and nothing else."""
     profile = tmp_path / "late.yaml"
     profile.write_text(yaml.safe_dump({"description": "the model, 4 ms late sensors", "plant_model": "robot",
                                        "measurement_noise": [0.0, 0.0, 0.0, 0.0], "delay": 0.004,
                                        "motor_responsiveness": 1.0, "torque_noise": {"actuated": 0.0, "passive": 0.0},
                                        "perturbation": 0.0, "seed": 0}))
+    return profile
+
+
+def test_with_predict_delay_the_decisions_start_from_the_robots_state_at_the_due_time(tmp_path):
+    """On a robot that is the model but whose sensors are 4 ms late, the state every candidate starts from is the
+    robot's true state at the due time only with ``predict_delay`` (off, it is the state 4 ms before)."""
+    profile = late_model_profile(tmp_path)
     errors = {}
     for predict in (False, True):
         config = load_robot_config(selecting(tmp_path, delay=0.004, step=0.002, lead=0.02, interval=0.1, horizon=0.5,
@@ -667,10 +673,10 @@ def noisy_decision(tmp_path: Path, **settings):
     selection, seen = supervisor.selection, []
     rollout = selection._rollout
 
-    def spied(x, t, steps, noise=None, readings=None):
+    def spied(x, t, steps, noise=None, readings=None, **resume):
         if noise is not None:
             seen.append((supervisor.selection.shadow._policy, noise[0].copy(), noise[1].copy()))
-        return (yield from rollout(x, t, steps, noise, readings))
+        return (yield from rollout(x, t, steps, noise, readings, **resume))
 
     selection._rollout = spied
     supervisor.step(np.array([2.0, 0.5, 4.0, 0.0]), 0.0)                # on the way up: the shipped policy gets over

@@ -345,11 +345,11 @@ class PolicySelection:
         returns its value. ``sample``: which noisy sample ``noise`` is (its number in the decision), None for the
         noise-free simulation.
 
-        Options that differ only in the dither's phase are the same simulation until the dither first shapes a
-        torque (it acts only while the LQR balances), so with several phases the first one of a candidate (and
-        sample) records where that happened and the others go on from there, with their own phase; one that never
-        reached the LQR has the same value in every phase. The values are those of whole simulations, bit for bit
-        (``test_policy_selection.py``): a fifth fewer simulated steps per decision for the acrobot's phases config."""
+        Options that differ only in the dither's phase are the same simulation until the LQR first balances (the dither
+        acts only then), so with several phases the first one of a candidate (and sample) records where that happened
+        and the others go on from there, with their own phase; one that never reached the LQR has the same value in
+        every phase. The values are those of whole simulations, bit for bit (``test_policy_selection.py``): a fifth
+        fewer simulated steps per decision for the acrobot's phases config."""
         x_due, t_due, state_due, readings = due
         index, offset = option
         key = (index, sample) if len(self.dither_offsets) > 1 and (noise is None or sample is not None) else None
@@ -368,13 +368,11 @@ class PolicySelection:
         self.shadow.use_policy(candidates[index])
         self.shadow.use_dither_offset(offset)
         seen = deque(readings, maxlen=self.delay_steps + 1) if readings is not None else None
-        if key is None:
-            _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise, seen)
-            return self._value(up)
-        record: dict = {}
+        record = {} if key is not None else None
         _, up = yield from self._rollout(x_due, t_due, self.horizon_steps, noise, seen, record=record)
         value = self._value(up)
-        self._branches[key] = (record.get("point"), value)
+        if key is not None:
+            self._branches[key] = (record.get("point"), value)
         return value
 
     def _value(self, up: int) -> float:
@@ -391,7 +389,7 @@ class PolicySelection:
         readings still to come, oldest first, ``x`` the last (None: ``x`` alone); left as the rollout ends them.
         ``start``, ``up``: go on from step ``start`` of such a rollout (``x`` and ``seen`` as they were before it,
         ``up`` states above the line so far). ``record``: gets "point", (x, seen, up, supervisor state, step) before the
-        step in which the dither first shaped a torque, if one did."""
+        first step the LQR balanced (the only steps the dither shapes: its phase matters from there on), if one did."""
         shadow, plant, dt = self.shadow, self.plant, self.dt
         l1, l2 = self._lengths
         lim0, lim1 = self.limits
@@ -400,10 +398,10 @@ class PolicySelection:
         recording = record is not None
         for k in range(start, steps):
             if recording:
-                point, shaken = (x, tuple(seen), up, shadow.capture_state(), k), shadow.dither_steps
+                point = (x, tuple(seen), up, shadow.capture_state(), k)
             reading = np.array(seen[0]) if noise is None else np.array(seen[0]) + noise[0][k]
             u = shadow.step(reading, t + k * dt)
-            if recording and shadow.dither_steps != shaken:
+            if recording and shadow.mode == "lqr":
                 record["point"], recording = point, False
             u0, u1 = float(u[0]), float(u[1])
             if noise is not None:

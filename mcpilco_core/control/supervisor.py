@@ -68,8 +68,6 @@ class Supervisor:
         self._observer = (StateObserver(DoublePendulum(config.plant), config.observer, config.control_period)
                           if config.observer.enabled else None)
         self._candidates: list[Policy | None] = [policy, *bank]
-        self.dither_steps = 0      # steps the balance dither has shaped, ever: the selection's simulations of one
-                                   # candidate in several dither phases are the same up to the first (selection.py)
         self._selection = None
         if config.selection.enabled:
             # the candidates' simulations see the model's exact states: no selection inside, nothing to filter
@@ -296,7 +294,6 @@ class Supervisor:
         dither = self.config.dither
         if dither.amplitude <= 0.0:           # off (the default): nothing on the 500 Hz path
             return 0.0
-        self.dither_steps += 1
         period = self.config.control_period
         return dither.torque(round((t - self._lqr_since) / period) * period + self._dither_offset)
 
